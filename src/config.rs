@@ -1,0 +1,250 @@
+//! Command line and the validated configuration built from it.
+//!
+//! Every limit has a name with its unit, a default that is right for the default
+//! model on a small box, and a check of its relation to the other limits here,
+//! at start-up, rather than somewhere in the hot path.
+
+use argh::FromArgs;
+use std::path::PathBuf;
+
+pub const MODEL_PATH_DEFAULT: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// Largest `--ctx`: llama.cpp accepts more, but a CPU box will not serve it.
+pub const CTX_TOKENS_MAX: usize = 131_072;
+/// llama.cpp's limit on sequence ids.
+pub const PARALLEL_MAX: usize = 256;
+/// Largest admission queue an operator may configure (the design caps it at 9
+/// unless told otherwise; see the admission issue).
+pub const QUEUE_DEPTH_MAX: usize = 64;
+/// Handler threads beyond those that can be busy streaming, so that `/health`
+/// and `/metrics` are answered even when every slot and queue place is taken.
+pub const HTTP_SPARE_THREADS: usize = 4;
+
+#[derive(FromArgs, Debug)]
+/// sluice: a CPU-only LLM server whose every stage can say no, in time.
+pub struct Cli {
+    /// print the version, git commit and the CPU features llama.cpp was built with
+    #[argh(switch)]
+    pub version: bool,
+    #[argh(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(FromArgs, Debug)]
+#[argh(subcommand)]
+pub enum Command {
+    Serve(ServeArgs),
+    Calibrate(CalibrateArgs),
+}
+
+#[derive(FromArgs, Debug)]
+/// Serve the OpenAI-compatible API.
+#[argh(subcommand, name = "serve")]
+pub struct ServeArgs {
+    /// GGUF model file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)
+    #[argh(option, default = "PathBuf::from(MODEL_PATH_DEFAULT)")]
+    pub model: PathBuf,
+    /// model name reported by the API (default: the file name without .gguf)
+    #[argh(option)]
+    pub model_name: Option<String>,
+    /// address to listen on (default: 127.0.0.1)
+    #[argh(option, default = "String::from(\"127.0.0.1\")")]
+    pub host: String,
+    /// port to listen on (default: 8080; 0 picks a free port and logs it)
+    #[argh(option, default = "8080")]
+    pub port: u16,
+    /// compute threads (default: the cores this process may use, from its
+    /// affinity mask and CPU quota)
+    #[argh(option)]
+    pub threads: Option<usize>,
+    /// KV cache size in tokens, shared by all sequences (default: the model's
+    /// training context, at most 8192)
+    #[argh(option)]
+    pub ctx: Option<usize>,
+    /// sequences decoded together (continuous batching; default: 4)
+    #[argh(option, default = "4")]
+    pub parallel: usize,
+    /// most tokens in one engine step: decode tokens first, then prefill chunks
+    /// (default: 64)
+    #[argh(option, default = "64")]
+    pub step_tokens: usize,
+    /// requests that may wait for a slot; more get 429 (default: 8)
+    #[argh(option, default = "8")]
+    pub queue_depth: usize,
+    /// max_tokens when a request gives none (default: 512)
+    #[argh(option, default = "512")]
+    pub max_tokens_default: usize,
+    /// largest request body in bytes (default: 1048576)
+    #[argh(option, default = "1_048_576")]
+    pub max_body_bytes: usize,
+    /// per-stream buffer between engine and client, in tokens (default: 16)
+    #[argh(option, default = "crate::stream::STREAM_BUFFER_TOKENS_DEFAULT")]
+    pub stream_buffer_tokens: usize,
+    /// longest a request may take end to end, in milliseconds (default: 300000)
+    #[argh(option, default = "300_000")]
+    pub request_timeout_ms: u64,
+    /// HTTP handler threads (default: parallel + queue depth + 4)
+    #[argh(option)]
+    pub http_threads: Option<usize>,
+    /// ggml worker polling level after a pass, 0 to 100 (default: 50)
+    #[argh(option, default = "50")]
+    pub poll: u32,
+    /// show llama.cpp's informational log
+    #[argh(switch)]
+    pub verbose: bool,
+}
+
+#[derive(FromArgs, Debug)]
+/// Time bare llama_decode steps (no server) at batch 1 and 4, for comparison
+/// with what the server achieves.
+#[argh(subcommand, name = "calibrate")]
+pub struct CalibrateArgs {
+    /// GGUF model file (default: models/SmolLM2-135M-Instruct.Q4_1.gguf)
+    #[argh(option, default = "PathBuf::from(MODEL_PATH_DEFAULT)")]
+    pub model: PathBuf,
+    /// compute threads (default: the cores this process may use)
+    #[argh(option)]
+    pub threads: Option<usize>,
+    /// decode steps timed per batch size (default: 128)
+    #[argh(option, default = "128")]
+    pub steps: usize,
+    /// prompt tokens prefilled before timing decode (default: 32)
+    #[argh(option, default = "32")]
+    pub prompt_tokens: usize,
+    /// ggml worker polling level, 0 to 100 (default: 50)
+    #[argh(option, default = "50")]
+    pub poll: u32,
+}
+
+/// The validated serve configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub model: PathBuf,
+    pub model_name: String,
+    pub host: String,
+    pub port: u16,
+    pub cpus: Vec<usize>,
+    pub ctx_tokens: Option<usize>,
+    pub parallel: usize,
+    pub step_tokens_max: usize,
+    pub queue_depth_max: usize,
+    pub max_tokens_default: usize,
+    pub body_bytes_max: usize,
+    pub stream_buffer_tokens: usize,
+    pub request_timeout_ms: u64,
+    pub http_threads: usize,
+    pub poll: u32,
+    pub verbose: bool,
+}
+
+impl Config {
+    pub fn from_args(a: ServeArgs) -> Result<Config, String> {
+        let cpus = compute_cpus(a.threads)?;
+        check_range("--parallel", a.parallel, 1, PARALLEL_MAX)?;
+        check_range("--queue-depth", a.queue_depth, 1, QUEUE_DEPTH_MAX)?;
+        check_range("--step-tokens", a.step_tokens, a.parallel, 8192)
+            .map_err(|e| format!("{e} (every running sequence needs a token in each step, so it must be at least --parallel)"))?;
+        if let Some(ctx) = a.ctx {
+            check_range("--ctx", ctx, 16, CTX_TOKENS_MAX)?;
+        }
+        check_range("--max-tokens-default", a.max_tokens_default, 1, CTX_TOKENS_MAX)?;
+        check_range("--max-body-bytes", a.max_body_bytes, 1024, 64 << 20)?;
+        check_range(
+            "--stream-buffer-tokens",
+            a.stream_buffer_tokens,
+            1,
+            crate::stream::STREAM_BUFFER_TOKENS_MAX,
+        )?;
+        if a.request_timeout_ms == 0 {
+            return Err("--request-timeout-ms must be positive".into());
+        }
+        if a.poll > 100 {
+            return Err(format!("--poll is {}; it must be 0 to 100", a.poll));
+        }
+        // Streaming handlers block on their stream: keep threads for health checks.
+        let busy_max = a.parallel + a.queue_depth;
+        let http_threads = a.http_threads.unwrap_or(busy_max + HTTP_SPARE_THREADS);
+        check_range("--http-threads", http_threads, busy_max + 1, 1024)
+            .map_err(|e| format!("{e} (handlers of running and queued requests, plus one for /health)"))?;
+        let model_name = a.model_name.unwrap_or_else(|| {
+            a.model
+                .file_name()
+                .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
+                .unwrap_or_else(|| "model".into())
+        });
+        Ok(Config {
+            model: a.model,
+            model_name,
+            host: a.host,
+            port: a.port,
+            cpus,
+            ctx_tokens: a.ctx,
+            parallel: a.parallel,
+            step_tokens_max: a.step_tokens,
+            queue_depth_max: a.queue_depth,
+            max_tokens_default: a.max_tokens_default,
+            body_bytes_max: a.max_body_bytes,
+            stream_buffer_tokens: a.stream_buffer_tokens,
+            request_timeout_ms: a.request_timeout_ms,
+            http_threads,
+            poll: a.poll,
+            verbose: a.verbose,
+        })
+    }
+}
+
+fn check_range(flag: &str, v: usize, lo: usize, hi: usize) -> Result<(), String> {
+    if v < lo || v > hi {
+        return Err(format!("{flag} is {v}; it must be {lo} to {hi}"));
+    }
+    Ok(())
+}
+
+/// The CPUs compute threads are pinned to: the ones in this process's affinity
+/// mask, no more than its CPU quota allows (`available_parallelism` reads the
+/// cgroup quota; the mask alone does not), or `--threads` of them.
+pub fn compute_cpus(threads: Option<usize>) -> Result<Vec<usize>, String> {
+    let mask: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    let quota = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let usable = usable_cpus(&mask, quota);
+    match threads {
+        None => Ok(usable),
+        Some(0) => Err("--threads must be at least 1".into()),
+        Some(n) if n > usable.len() => Err(format!(
+            "--threads is {n}, but this process may use {} cores (affinity mask {:?}, CPU quota {quota}); more threads than cores only makes them wait for each other",
+            usable.len(),
+            mask
+        )),
+        Some(n) => Ok(usable[..n].to_vec()),
+    }
+}
+
+/// Pure part of [`compute_cpus`]: the first `quota` CPUs of the mask.
+fn usable_cpus(mask: &[usize], quota: usize) -> Vec<usize> {
+    if mask.is_empty() {
+        // No mask readable: threads are not pinned to known CPUs; use 0..quota.
+        return (0..quota.max(1)).collect();
+    }
+    mask.iter().copied().take(quota.max(1)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usable_cpus_follow_the_mask_and_the_quota() {
+        assert_eq!(usable_cpus(&[2, 3, 5], 8), vec![2, 3, 5]);
+        assert_eq!(usable_cpus(&[2, 3, 5], 1), vec![2]);
+        assert_eq!(usable_cpus(&[], 2), vec![0, 1]);
+    }
+
+    #[test]
+    fn range_errors_name_the_flag_and_value() {
+        let e = check_range("--parallel", 0, 1, 256).unwrap_err();
+        assert_eq!(e, "--parallel is 0; it must be 1 to 256");
+    }
+}

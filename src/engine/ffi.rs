@@ -1,0 +1,564 @@
+//! The safe wrapper over llama.cpp (llama-cpp-sys-2) and the two OS calls sluice
+//! needs. This is the only module with `unsafe` code; everything it hands out is
+//! safe to use from the rest of the crate.
+//!
+//! Why the raw bindings and not llama-cpp-2: sluice attaches one persistent,
+//! pinned ggml threadpool to its context (`llama_attach_threadpool`) and installs
+//! an abort callback (`llama_set_abort_callback`); the safe crate hides the raw
+//! context pointer that both need.
+//!
+//! Ownership: a [`Model`] is shared (`Arc`) between the engine thread, which owns
+//! the only [`Context`], and the HTTP handler threads, which only tokenize.
+//! Tokenization reads the vocabulary and is what llama.cpp's own server does from
+//! many threads at once. A `Context` is `Send` but not `Sync`: it stays on the
+//! engine thread.
+
+use llama_cpp_sys_2 as sys;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Once};
+
+pub type Token = i32;
+
+/// Longest piece a single token can render to; llama.cpp's longest pieces are a
+/// few dozen bytes, and `token_piece` retries with the size it is told if not.
+const PIECE_BYTES_START: usize = 64;
+
+static BACKEND_INIT: Once = Once::new();
+/// 0 = warnings and errors only, 1 = everything llama.cpp says.
+static LOG_VERBOSE: AtomicU8 = AtomicU8::new(0);
+
+/// Initialises llama.cpp once per process and routes its log to stderr.
+/// Warnings and errors stay visible: the real reason for a failed decode is only
+/// in llama.cpp's log.
+pub fn backend_init(verbose: bool) {
+    LOG_VERBOSE.store(u8::from(verbose), Ordering::Relaxed);
+    BACKEND_INIT.call_once(|| unsafe {
+        sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
+        sys::llama_backend_init();
+    });
+}
+
+unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    let important = level == sys::GGML_LOG_LEVEL_WARN || level == sys::GGML_LOG_LEVEL_ERROR;
+    // CONT lines continue the previous message; show them only in verbose mode.
+    if important || LOG_VERBOSE.load(Ordering::Relaxed) == 1 {
+        let msg = CStr::from_ptr(text).to_string_lossy();
+        eprint!("llama.cpp: {msg}");
+    }
+}
+
+/// What llama.cpp was compiled with ("CPU : SSE3 = 1 | AVX = 1 | ...").
+pub fn system_info() -> String {
+    unsafe {
+        let p = sys::llama_print_system_info();
+        if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().trim().to_string()
+        }
+    }
+}
+
+/// Names the calling thread (as seen in `/proc/<pid>/task/*/comm`, top, gdb).
+/// Threads created afterwards by this thread inherit the name; sluice uses that
+/// to name the threads that ggml and tiny_http create.
+pub fn set_current_thread_name(name: &str) {
+    // The kernel keeps 15 bytes plus the terminator.
+    let mut bytes: Vec<u8> = name.bytes().filter(|&b| b != 0).take(15).collect();
+    bytes.push(0);
+    unsafe {
+        libc::prctl(libc::PR_SET_NAME, bytes.as_ptr() as libc::c_ulong, 0, 0, 0);
+    }
+}
+
+/// Sets TCP_NODELAY on a listening socket; Linux copies it to accepted sockets.
+pub fn set_tcp_nodelay(listener: &std::net::TcpListener) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let one: libc::c_int = 1;
+    let rc = unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &one as *const libc::c_int as *const c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Raises the soft open-files limit to the hard limit; returns the new soft limit.
+pub fn raise_nofile_limit() -> u64 {
+    unsafe {
+        let mut lim = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 0;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                return raised.rlim_cur;
+            }
+        }
+        lim.rlim_cur
+    }
+}
+
+/// A loaded GGUF model: weights and vocabulary.
+pub struct Model {
+    ptr: NonNull<sys::llama_model>,
+    vocab: NonNull<sys::llama_vocab>,
+}
+
+// SAFETY: the model is immutable after loading. The context reads the weights,
+// and tokenization/detokenization only read the vocabulary (llama.cpp's server
+// tokenizes from many threads at once).
+unsafe impl Send for Model {}
+unsafe impl Sync for Model {}
+
+impl Model {
+    /// Loads a GGUF file. The caller checks the file first (see `engine::load_model`)
+    /// so that the common mistakes get a clear message; anything llama.cpp itself
+    /// rejects is reported here, with its reason in the log above.
+    pub fn load(path: &Path) -> Result<Model, String> {
+        let cpath = CString::new(path.to_string_lossy().as_bytes())
+            .map_err(|_| format!("model path {} contains a NUL byte", path.display()))?;
+        unsafe {
+            let params = sys::llama_model_default_params();
+            let ptr = NonNull::new(sys::llama_model_load_from_file(cpath.as_ptr(), params))
+                .ok_or_else(|| {
+                    format!(
+                        "llama.cpp could not load {} (its reason is in the log above)",
+                        path.display()
+                    )
+                })?;
+            let vocab = sys::llama_model_get_vocab(ptr.as_ptr());
+            let Some(vocab) = NonNull::new(vocab as *mut sys::llama_vocab) else {
+                sys::llama_model_free(ptr.as_ptr());
+                return Err(format!("{} has no vocabulary", path.display()));
+            };
+            Ok(Model { ptr, vocab })
+        }
+    }
+
+    pub fn n_ctx_train(&self) -> u32 {
+        unsafe { sys::llama_model_n_ctx_train(self.ptr.as_ptr()).max(0) as u32 }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        unsafe { sys::llama_vocab_n_tokens(self.vocab.as_ptr()).max(0) as usize }
+    }
+
+    /// e.g. "llama 135M Q4_1".
+    pub fn description(&self) -> String {
+        let mut buf = vec![0u8; 256];
+        let n = unsafe {
+            sys::llama_model_desc(self.ptr.as_ptr(), buf.as_mut_ptr() as *mut c_char, buf.len())
+        };
+        buf.truncate(n.clamp(0, 255) as usize);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// The chat template stored in the GGUF, if any.
+    pub fn chat_template(&self) -> Option<String> {
+        unsafe {
+            let p = sys::llama_model_chat_template(self.ptr.as_ptr(), std::ptr::null());
+            if p.is_null() {
+                None
+            } else {
+                Some(CStr::from_ptr(p).to_string_lossy().into_owned())
+            }
+        }
+    }
+
+    pub fn is_eog(&self, token: Token) -> bool {
+        unsafe { sys::llama_vocab_is_eog(self.vocab.as_ptr(), token) }
+    }
+
+    /// Tokenizes `text`. `add_special` adds BOS/EOS as the model asks;
+    /// `parse_special` turns "<|im_start|>" and the like into their tokens.
+    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<Token>, String> {
+        let len = i32::try_from(text.len()).map_err(|_| "text too long to tokenize".to_string())?;
+        // A token is at least one byte, plus room for BOS/EOS.
+        let mut tokens: Vec<Token> = vec![0; text.len() + 2];
+        let n = unsafe {
+            sys::llama_tokenize(
+                self.vocab.as_ptr(),
+                text.as_ptr() as *const c_char,
+                len,
+                tokens.as_mut_ptr(),
+                tokens.len() as i32,
+                add_special,
+                parse_special,
+            )
+        };
+        if n < 0 {
+            return Err(format!("tokenizer failed ({n})"));
+        }
+        tokens.truncate(n as usize);
+        Ok(tokens)
+    }
+
+    /// The raw bytes a token renders to (may be part of a UTF-8 character).
+    pub fn token_piece(&self, token: Token, special: bool) -> Vec<u8> {
+        let mut buf = vec![0u8; PIECE_BYTES_START];
+        for _ in 0..2 {
+            let n = unsafe {
+                sys::llama_token_to_piece(
+                    self.vocab.as_ptr(),
+                    token,
+                    buf.as_mut_ptr() as *mut c_char,
+                    buf.len() as i32,
+                    0,
+                    special,
+                )
+            };
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return buf;
+            }
+            buf.resize((-n) as usize, 0);
+        }
+        Vec::new()
+    }
+
+    /// Renders a chat with llama.cpp's built-in template matcher. `None` when the
+    /// template is not one llama.cpp recognises (it matches by substring, not Jinja).
+    pub fn apply_chat_template(&self, template: &str, messages: &[(&str, &str)]) -> Option<String> {
+        let tmpl = CString::new(template).ok()?;
+        let owned: Vec<(CString, CString)> = messages
+            .iter()
+            .map(|(r, c)| Some((CString::new(*r).ok()?, CString::new(*c).ok()?)))
+            .collect::<Option<_>>()?;
+        let chat: Vec<sys::llama_chat_message> = owned
+            .iter()
+            .map(|(r, c)| sys::llama_chat_message {
+                role: r.as_ptr(),
+                content: c.as_ptr(),
+            })
+            .collect();
+        let content_bytes: usize = messages.iter().map(|(r, c)| r.len() + c.len()).sum();
+        let mut buf = vec![0u8; 2 * content_bytes + 1024];
+        for _ in 0..2 {
+            let n = unsafe {
+                sys::llama_chat_apply_template(
+                    tmpl.as_ptr(),
+                    chat.as_ptr(),
+                    chat.len(),
+                    true,
+                    buf.as_mut_ptr() as *mut c_char,
+                    i32::try_from(buf.len()).ok()?,
+                )
+            };
+            if n < 0 {
+                return None;
+            }
+            if (n as usize) <= buf.len() {
+                buf.truncate(n as usize);
+                return String::from_utf8(buf).ok();
+            }
+            buf.resize(n as usize, 0);
+        }
+        None
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}
+
+/// What a context is built with.
+#[derive(Debug, Clone)]
+pub struct ContextParams {
+    /// KV cells shared by all sequences (unified KV cache).
+    pub n_ctx: u32,
+    /// Most tokens in one `decode` call; llama.cpp aborts the process above it.
+    pub n_batch: u32,
+    pub n_seq_max: u32,
+    /// CPUs the compute threads are pinned to, one thread per entry; the calling
+    /// thread becomes worker 0 and is pinned to the first.
+    pub cpus: Vec<usize>,
+    /// ggml's hybrid polling level (0 = sleep at once after a pass, 100 = spin long).
+    pub poll: u32,
+}
+
+/// The one llama context: KV cache, compute graph, and the persistent threadpool.
+pub struct Context {
+    ptr: NonNull<sys::llama_context>,
+    pool: NonNull<sys::ggml_threadpool>,
+    n_batch: usize,
+    n_vocab: usize,
+    /// Set from any thread to make a running `decode` return early.
+    abort: Arc<AtomicBool>,
+    // Keeps the weights alive for as long as the context reads them. Declared last
+    // so it is dropped after the context (fields drop in order).
+    _model: Arc<Model>,
+}
+
+// SAFETY: llama contexts may move between threads; sluice keeps it on one.
+unsafe impl Send for Context {}
+
+unsafe extern "C" fn abort_callback(data: *mut c_void) -> bool {
+    let flag = &*(data as *const AtomicBool);
+    flag.load(Ordering::Relaxed)
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// No KV slot for the batch; nothing was computed.
+    KvFull,
+    /// The abort flag stopped the pass.
+    Aborted,
+    /// Invalid batch or an internal failure (reason in llama.cpp's log).
+    Failed(i32),
+}
+
+impl Context {
+    /// Creates the context and its threadpool. Call it on the thread that will
+    /// run `decode`: that thread is ggml's worker 0 and is pinned here.
+    pub fn new(model: Arc<Model>, p: &ContextParams) -> Result<Context, String> {
+        assert!(!p.cpus.is_empty(), "at least one compute thread");
+        let n_threads = p.cpus.len() as i32;
+        unsafe {
+            let mut tp = sys::ggml_threadpool_params_default(n_threads);
+            assert!(p.cpus.len() <= tp.cpumask.len(), "more threads than ggml supports");
+            for &cpu in &p.cpus {
+                if cpu < tp.cpumask.len() {
+                    tp.cpumask[cpu] = true;
+                }
+            }
+            tp.strict_cpu = true;
+            tp.poll = p.poll;
+            let pool = NonNull::new(sys::ggml_threadpool_new(&mut tp))
+                .ok_or("ggml could not create its threadpool")?;
+
+            let mut cp = sys::llama_context_default_params();
+            cp.n_ctx = p.n_ctx;
+            cp.n_batch = p.n_batch;
+            cp.n_ubatch = p.n_batch;
+            cp.n_seq_max = p.n_seq_max;
+            cp.n_threads = n_threads;
+            cp.n_threads_batch = n_threads;
+            cp.kv_unified = true;
+            cp.no_perf = true;
+            let ptr = match NonNull::new(sys::llama_init_from_model(model.ptr.as_ptr(), cp)) {
+                Some(ptr) => ptr,
+                None => {
+                    sys::ggml_threadpool_free(pool.as_ptr());
+                    return Err("llama.cpp could not create a context (reason in the log above)".into());
+                }
+            };
+            sys::llama_attach_threadpool(ptr.as_ptr(), pool.as_ptr(), pool.as_ptr());
+            let abort = Arc::new(AtomicBool::new(false));
+            sys::llama_set_abort_callback(
+                ptr.as_ptr(),
+                Some(abort_callback),
+                Arc::as_ptr(&abort) as *mut c_void,
+            );
+            let n_batch = sys::llama_n_batch(ptr.as_ptr()) as usize;
+            Ok(Context {
+                ptr,
+                pool,
+                n_batch,
+                n_vocab: model.n_vocab(),
+                abort,
+                _model: model,
+            })
+        }
+    }
+
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        unsafe { sys::llama_n_ctx(self.ptr.as_ptr()) as usize }
+    }
+
+    /// A flag that, when set, makes a running `decode` stop early.
+    pub fn abort_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.abort)
+    }
+
+    pub fn decode(&mut self, batch: &Batch) -> Result<(), DecodeError> {
+        assert!(batch.len() <= self.n_batch, "batch over n_batch");
+        if batch.len() == 0 {
+            return Ok(());
+        }
+        let rc = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch.raw) };
+        match rc {
+            0 => Ok(()),
+            1 => Err(DecodeError::KvFull),
+            2 => Err(DecodeError::Aborted),
+            rc => Err(DecodeError::Failed(rc)),
+        }
+    }
+
+    /// Logits for the batch entry `i`, which must have been added with `logits = true`
+    /// to the batch of the last successful `decode`.
+    pub fn logits(&mut self, batch: &Batch, i: usize) -> &[f32] {
+        assert!(batch.wants_logits(i), "logits of entry {i} were not requested");
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i as i32);
+            assert!(!p.is_null(), "llama.cpp has no logits for entry {i}");
+            std::slice::from_raw_parts(p, self.n_vocab)
+        }
+    }
+
+    /// Frees every KV cell of `seq`.
+    pub fn clear_sequence(&mut self, seq: i32) {
+        unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_rm(mem, seq, -1, -1);
+        }
+    }
+
+    /// The highest position `seq` holds in the KV cache, or -1 when it holds none.
+    pub fn sequence_pos_max(&self, seq: i32) -> i32 {
+        unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_pos_max(mem, seq)
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        unsafe {
+            sys::llama_detach_threadpool(self.ptr.as_ptr());
+            sys::llama_free(self.ptr.as_ptr());
+            sys::ggml_threadpool_free(self.pool.as_ptr());
+        }
+    }
+}
+
+/// A batch of tokens for one `decode`, with capacity fixed at creation.
+pub struct Batch {
+    raw: sys::llama_batch,
+    capacity: usize,
+}
+
+// SAFETY: the batch owns its buffers; it moves with the engine.
+unsafe impl Send for Batch {}
+
+impl Batch {
+    pub fn new(capacity: usize) -> Batch {
+        assert!(capacity > 0);
+        let mut raw = unsafe { sys::llama_batch_init(capacity as i32, 0, 1) };
+        raw.n_tokens = 0;
+        Batch { raw, capacity }
+    }
+
+    pub fn len(&self) -> usize {
+        self.raw.n_tokens as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.n_tokens == 0
+    }
+
+    pub fn clear(&mut self) {
+        self.raw.n_tokens = 0;
+    }
+
+    /// Adds a token of sequence `seq` at position `pos`; returns its batch index.
+    pub fn push(&mut self, token: Token, pos: i32, seq: i32, logits: bool) -> usize {
+        let i = self.raw.n_tokens as usize;
+        assert!(i < self.capacity, "batch capacity {} exceeded", self.capacity);
+        unsafe {
+            *self.raw.token.add(i) = token;
+            *self.raw.pos.add(i) = pos;
+            *self.raw.n_seq_id.add(i) = 1;
+            *(*self.raw.seq_id.add(i)) = seq;
+            *self.raw.logits.add(i) = i8::from(logits);
+        }
+        self.raw.n_tokens += 1;
+        i
+    }
+
+    fn wants_logits(&self, i: usize) -> bool {
+        i < self.len() && unsafe { *self.raw.logits.add(i) != 0 }
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        unsafe { sys::llama_batch_free(self.raw) }
+    }
+}
+
+/// How one sequence picks its next token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax); the other fields are then ignored.
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub seed: u32,
+}
+
+/// A llama.cpp sampler chain for one sequence.
+pub struct Sampler {
+    ptr: NonNull<sys::llama_sampler>,
+}
+
+// SAFETY: a sampler chain is plain state owned by one sequence on the engine thread.
+unsafe impl Send for Sampler {}
+
+impl Sampler {
+    pub fn new(p: &SamplingParams) -> Sampler {
+        unsafe {
+            let chain = sys::llama_sampler_chain_init(sys::llama_sampler_chain_default_params());
+            if p.temperature <= 0.0 {
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_greedy());
+            } else {
+                if p.top_k > 0 {
+                    sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_top_k(p.top_k));
+                }
+                if p.top_p < 1.0 {
+                    sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_top_p(p.top_p, 1));
+                }
+                if p.min_p > 0.0 {
+                    sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_min_p(p.min_p, 1));
+                }
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_temp(p.temperature));
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_dist(p.seed));
+            }
+            Sampler {
+                ptr: NonNull::new(chain).expect("llama_sampler_chain_init returned NULL"),
+            }
+        }
+    }
+
+    /// Samples from the logits of batch entry `i` of the last decode, and records
+    /// the choice in the chain's state.
+    pub fn sample(&mut self, ctx: &mut Context, batch: &Batch, i: usize) -> Token {
+        assert!(batch.wants_logits(i), "sampling entry {i} without logits");
+        unsafe { sys::llama_sampler_sample(self.ptr.as_ptr(), ctx.ptr.as_ptr(), i as i32) }
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        unsafe { sys::llama_sampler_free(self.ptr.as_ptr()) }
+    }
+}

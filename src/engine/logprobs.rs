@@ -1,0 +1,74 @@
+//! Log-probabilities from raw logits: log-softmax of chosen tokens and the top-n.
+
+/// Most alternatives a request may ask for per position.
+pub const TOP_LOGPROBS_MAX: usize = 20;
+
+/// A position's distribution, summarised.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    log_sum_exp: f32,
+    /// `(token, logprob)`, most likely first.
+    pub top: Vec<(i32, f32)>,
+}
+
+impl Summary {
+    pub fn logprob(&self, logits: &[f32], token: i32) -> f32 {
+        logits[token as usize] - self.log_sum_exp
+    }
+}
+
+/// Computes log-sum-exp over `logits` and the `n` most likely tokens.
+pub fn summarize(logits: &[f32], n: usize) -> Summary {
+    assert!(!logits.is_empty());
+    let n = n.min(TOP_LOGPROBS_MAX).min(logits.len());
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let log_sum_exp = max + sum.ln() as f32;
+
+    // Keep the best n in a small sorted buffer: n is at most 20, the vocabulary ~50k.
+    let mut top: Vec<(i32, f32)> = Vec::with_capacity(n + 1);
+    if n > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if top.len() == n && l <= top[n - 1].1 {
+                continue;
+            }
+            let at = top.partition_point(|&(_, x)| x >= l);
+            top.insert(at, (i as i32, l));
+            top.truncate(n);
+        }
+    }
+    for entry in &mut top {
+        entry.1 -= log_sum_exp;
+    }
+    Summary { log_sum_exp, top }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probabilities_sum_to_one_and_top_is_sorted() {
+        let logits = [1.0f32, 3.0, 2.0, -1.0];
+        let s = summarize(&logits, 4);
+        let total: f32 = s.top.iter().map(|&(_, lp)| lp.exp()).sum();
+        assert!((total - 1.0).abs() < 1e-5);
+        let order: Vec<i32> = s.top.iter().map(|&(t, _)| t).collect();
+        assert_eq!(order, vec![1, 2, 0, 3]);
+        assert!((s.logprob(&logits, 1) - s.top[0].1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn large_logits_do_not_overflow() {
+        let logits = [1000.0f32, 1000.0];
+        let s = summarize(&logits, 1);
+        assert!((s.top[0].1 - (0.5f32).ln()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn top_n_is_capped() {
+        let logits = vec![0.0f32; 100];
+        assert_eq!(summarize(&logits, 50).top.len(), TOP_LOGPROBS_MAX);
+        assert!(summarize(&logits, 0).top.is_empty());
+    }
+}

@@ -1,0 +1,522 @@
+//! The engine: one thread that owns the llama context and runs continuous batching.
+//!
+//! Each loop iteration: deliver what paused streams could not take, admit queued
+//! jobs into free slots (only when their KV cells — prompt + max_tokens — can be
+//! reserved), plan a step (decode tokens first, then prefill chunks under the
+//! per-step token budget; see `planner`), run one `llama_decode`, then sample,
+//! detokenize and `try_send` each sequence's token on its own bounded stream.
+//! `Full` pauses the sequence; `Disconnected` cancels it and frees its KV cells.
+
+pub mod ffi;
+pub mod logprobs;
+pub mod planner;
+pub mod text;
+
+use crate::metrics::Metrics;
+use crate::stream::{ErrorKind, Event, FinishReason, TokenLogprob, Usage};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use ffi::{Batch, Context, Model, SamplingParams, Token};
+use planner::{Phase, SeqView, Work};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use text::TextAssembler;
+
+/// How long an idle engine sleeps waiting for work before it checks for shutdown.
+const IDLE_WAIT_MS: u64 = 100;
+/// Events a finished or paused sequence may hold undelivered: its last token and
+/// its end. The sequence is paused while any are held.
+const OUTBOX_EVENTS_MAX: usize = 3;
+
+/// What a request asks the engine to generate.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    /// Most tokens to generate (0 only with `echo_logprobs`: score the prompt).
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens (until `max_tokens`).
+    pub ignore_eos: bool,
+    /// Alternatives per position to report; `None` reports no log-probabilities.
+    pub top_logprobs: Option<usize>,
+    /// Also report the log-probabilities of the prompt tokens.
+    pub echo_logprobs: bool,
+}
+
+/// A validated, tokenized request: the only thing that reaches the engine.
+pub struct Job {
+    pub id: u64,
+    pub prompt: Vec<Token>,
+    pub gen: GenParams,
+    pub enqueued_at: Instant,
+    pub events: Sender<Event>,
+}
+
+impl Job {
+    /// KV cells the job may occupy at most.
+    pub fn kv_cells(&self) -> usize {
+        self.prompt.len() + self.gen.max_tokens
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub parallel: usize,
+    pub n_ctx: usize,
+    pub step_tokens_max: usize,
+    pub cpus: Vec<usize>,
+    pub poll: u32,
+}
+
+/// One admitted request, bound to a slot (= llama.cpp sequence id).
+struct Seq {
+    job: Job,
+    admitted: u64,
+    sampler: ffi::Sampler,
+    text: TextAssembler,
+    /// Tokens of this sequence already in the KV cache.
+    n_past: usize,
+    /// The last sampled token, to be decoded next step.
+    next_token: Option<Token>,
+    completion_tokens: usize,
+    prompt_logprobs: Vec<TokenLogprob>,
+    outbox: VecDeque<Event>,
+    /// Generation ended; the slot is held only until the outbox is delivered.
+    done: bool,
+}
+
+impl Seq {
+    fn phase(&self) -> Option<Phase> {
+        if self.done {
+            return None;
+        }
+        if !self.outbox.is_empty() {
+            return Some(Phase::Paused);
+        }
+        let remaining = self.job.prompt.len().saturating_sub(self.n_past);
+        if remaining > 0 {
+            Some(Phase::Prefill {
+                remaining_tokens: remaining,
+            })
+        } else {
+            Some(Phase::Decode)
+        }
+    }
+}
+
+/// Runs the engine loop until `shutdown` is set and no work is left, or the
+/// job channel is closed.
+pub fn run(
+    model: Arc<Model>,
+    mut ctx: Context,
+    cfg: EngineConfig,
+    jobs: Receiver<Job>,
+    metrics: Arc<Metrics>,
+    shutdown: Arc<AtomicBool>,
+) {
+    assert!(cfg.step_tokens_max >= cfg.parallel, "step budget below --parallel");
+    assert!(cfg.step_tokens_max <= ctx.n_batch(), "step budget above n_batch");
+    let mut engine = Engine {
+        model,
+        slots: (0..cfg.parallel).map(|_| None).collect(),
+        batch: Batch::new(cfg.step_tokens_max),
+        waiting: None,
+        kv_cells_reserved: 0,
+        admitted: 0,
+        cfg,
+        metrics,
+    };
+    loop {
+        engine.deliver_outboxes(&mut ctx);
+        let closed = engine.admit(&jobs);
+        let plan = planner::plan_step(&engine.views(), engine.cfg.step_tokens_max);
+        if plan.is_empty() {
+            let active = engine.slots.iter().any(Option::is_some) || engine.waiting.is_some();
+            if shutdown.load(Ordering::Relaxed) && !active {
+                break;
+            }
+            if closed && !active {
+                break;
+            }
+            engine.wait_for_work(&jobs);
+            continue;
+        }
+        engine.step(&mut ctx, &plan);
+    }
+}
+
+struct Engine {
+    model: Arc<Model>,
+    slots: Vec<Option<Seq>>,
+    batch: Batch,
+    /// The job at the head of the queue, taken out but not yet admitted because
+    /// no slot or not enough KV cells are free. At most one.
+    waiting: Option<Job>,
+    kv_cells_reserved: usize,
+    admitted: u64,
+    cfg: EngineConfig,
+    metrics: Arc<Metrics>,
+}
+
+impl Engine {
+    fn views(&self) -> Vec<SeqView> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, s)| {
+                let s = s.as_ref()?;
+                Some(SeqView {
+                    slot,
+                    admitted: s.admitted,
+                    phase: s.phase()?,
+                })
+            })
+            .collect()
+    }
+
+    /// Admits queued jobs while a slot and their KV cells are free. Returns true
+    /// when the job channel is closed.
+    fn admit(&mut self, jobs: &Receiver<Job>) -> bool {
+        let mut closed = false;
+        loop {
+            let Some(slot) = self.slots.iter().position(Option::is_none) else {
+                break;
+            };
+            let job = match self.waiting.take() {
+                Some(job) => job,
+                None => match jobs.try_recv() {
+                    Ok(job) => job,
+                    Err(e) => {
+                        closed = e.is_disconnected();
+                        break;
+                    }
+                },
+            };
+            self.metrics.queue_depth.store(jobs.len(), Ordering::Relaxed);
+            let cells = job.kv_cells();
+            if self.kv_cells_reserved + cells > self.cfg.n_ctx {
+                self.waiting = Some(job);
+                break;
+            }
+            self.kv_cells_reserved += cells;
+            self.admitted += 1;
+            let wait = job.enqueued_at.elapsed();
+            self.metrics.record_queue_wait(wait);
+            let seq = Seq {
+                sampler: ffi::Sampler::new(&job.gen.sampling),
+                text: TextAssembler::new(job.gen.stop.clone()),
+                admitted: self.admitted,
+                n_past: 0,
+                next_token: None,
+                completion_tokens: 0,
+                prompt_logprobs: Vec::new(),
+                outbox: VecDeque::new(),
+                done: false,
+                job,
+            };
+            self.slots[slot] = Some(seq);
+        }
+        self.publish_gauges();
+        closed
+    }
+
+    fn wait_for_work(&mut self, jobs: &Receiver<Job>) {
+        if self.waiting.is_some() || self.slots.iter().any(Option::is_some) {
+            // Only paused or undelivered streams: poll them again shortly.
+            std::thread::sleep(Duration::from_millis(1));
+            return;
+        }
+        match jobs.recv_timeout(Duration::from_millis(IDLE_WAIT_MS)) {
+            Ok(job) => self.waiting = Some(job),
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+        }
+    }
+
+    fn step(&mut self, ctx: &mut Context, plan: &planner::Plan) {
+        let started = Instant::now();
+        self.batch.clear();
+        // For each plan entry: (slot, batch index of its last token if it has logits,
+        // first batch index of its chunk, number of tokens).
+        let mut placed: Vec<(usize, usize, usize)> = Vec::with_capacity(plan.entries.len());
+        for entry in &plan.entries {
+            let seq = self.slots[entry.slot].as_mut().expect("planned slot is active");
+            let first = self.batch.len();
+            match entry.work {
+                Work::Decode => {
+                    let token = seq.next_token.expect("a decoding sequence has a token");
+                    self.batch.push(token, seq.n_past as i32, entry.slot as i32, true);
+                    placed.push((entry.slot, first, 1));
+                }
+                Work::Prefill { n_tokens } => {
+                    let start = seq.n_past;
+                    let end = start + n_tokens;
+                    let prompt_len = seq.job.prompt.len();
+                    for pos in start..end {
+                        let last = pos + 1 == prompt_len;
+                        let logits = last || seq.job.gen.echo_logprobs;
+                        self.batch
+                            .push(seq.job.prompt[pos], pos as i32, entry.slot as i32, logits);
+                    }
+                    placed.push((entry.slot, first, n_tokens));
+                }
+            }
+        }
+
+        if let Err(e) = ctx.decode(&self.batch) {
+            eprintln!("sluice: decode of a {}-token step failed: {e:?}", self.batch.len());
+            for &(slot, _, _) in &placed {
+                self.fail(ctx, slot, format!("the engine could not decode this request ({e:?})"));
+            }
+            return;
+        }
+        self.metrics.record_step(self.batch.len(), plan.n_decode(), started.elapsed());
+
+        for (slot, first, n) in placed {
+            self.after_decode(ctx, slot, first, n);
+        }
+        self.publish_gauges();
+    }
+
+    /// Advances one sequence after a successful decode of its `n` tokens at batch
+    /// indices `first..first + n`.
+    fn after_decode(&mut self, ctx: &mut Context, slot: usize, first: usize, n: usize) {
+        let model = Arc::clone(&self.model);
+        let seq = self.slots[slot].as_mut().expect("decoded slot is active");
+        let prompt_len = seq.job.prompt.len();
+        let was_prefill = seq.n_past < prompt_len;
+        if was_prefill && seq.job.gen.echo_logprobs {
+            let top_n = seq.job.gen.top_logprobs.unwrap_or(0);
+            if seq.n_past == 0 {
+                seq.prompt_logprobs.push(TokenLogprob {
+                    token: seq.job.prompt[0],
+                    text: piece_text(&model, seq.job.prompt[0]),
+                    logprob: None,
+                    top: Vec::new(),
+                });
+            }
+            for k in 0..n {
+                let pos = seq.n_past + k;
+                if pos + 1 >= prompt_len {
+                    break;
+                }
+                let next = seq.job.prompt[pos + 1];
+                let logits = ctx.logits(&self.batch, first + k);
+                let summary = logprobs::summarize(logits, top_n);
+                seq.prompt_logprobs.push(TokenLogprob {
+                    token: next,
+                    text: piece_text(&model, next),
+                    logprob: Some(summary.logprob(logits, next)),
+                    top: with_text(&model, &summary.top),
+                });
+            }
+        }
+        seq.n_past += n;
+        if seq.n_past < prompt_len {
+            return; // more prompt to prefill
+        }
+        if was_prefill {
+            self.metrics.record_prefill_done(prompt_len, seq.job.enqueued_at.elapsed());
+            if seq.job.gen.echo_logprobs {
+                let logprobs = std::mem::take(&mut seq.prompt_logprobs);
+                seq.outbox.push_back(Event::Prompt { logprobs });
+            }
+            if seq.job.gen.max_tokens == 0 {
+                self.finish(ctx, slot, FinishReason::Length);
+                return;
+            }
+        }
+
+        // The last token of this chunk has logits: sample the next token.
+        let at = first + n - 1;
+        let token = seq.sampler.sample(ctx, &self.batch, at);
+        let logprob = seq.job.gen.top_logprobs.map(|top_n| {
+            let logits = ctx.logits(&self.batch, at);
+            let summary = logprobs::summarize(logits, top_n);
+            TokenLogprob {
+                token,
+                text: piece_text(&model, token),
+                logprob: Some(summary.logprob(logits, token)),
+                top: with_text(&model, &summary.top),
+            }
+        });
+        seq.completion_tokens += 1;
+        self.metrics.tokens_generated.fetch_add(1, Ordering::Relaxed);
+
+        let eog = model.is_eog(token) && !seq.job.gen.ignore_eos;
+        let fed = if eog {
+            text::Fed::default()
+        } else {
+            seq.text.feed(&model.token_piece(token, false))
+        };
+        seq.outbox.push_back(Event::Token {
+            token,
+            text: fed.text,
+            logprob,
+        });
+        seq.next_token = Some(token);
+        if eog || fed.stopped {
+            self.finish(ctx, slot, FinishReason::Stop);
+        } else if seq.completion_tokens >= seq.job.gen.max_tokens {
+            self.finish(ctx, slot, FinishReason::Length);
+        } else {
+            self.flush(ctx, slot);
+        }
+    }
+
+    /// Ends generation: flushes held text, queues `End`, frees KV cells now.
+    fn finish(&mut self, ctx: &mut Context, slot: usize, finish: FinishReason) {
+        let seq = self.slots[slot].as_mut().expect("finishing slot is active");
+        let rest = seq.text.finish();
+        if !rest.is_empty() {
+            // Attach the held text to the last token event if it is still here,
+            // so the token count of the stream stays exact.
+            match seq.outbox.back_mut() {
+                Some(Event::Token { text, .. }) => text.push_str(&rest),
+                _ => seq.outbox.push_back(Event::Token {
+                    token: -1,
+                    text: rest,
+                    logprob: None,
+                }),
+            }
+        }
+        seq.outbox.push_back(Event::End {
+            finish,
+            usage: Usage {
+                prompt_tokens: seq.job.prompt.len(),
+                completion_tokens: seq.completion_tokens,
+            },
+        });
+        debug_assert!(seq.outbox.len() <= OUTBOX_EVENTS_MAX + 1);
+        seq.done = true;
+        self.release_kv(ctx, slot);
+        self.metrics.completed.fetch_add(1, Ordering::Relaxed);
+        self.flush(ctx, slot);
+    }
+
+    fn fail(&mut self, ctx: &mut Context, slot: usize, message: String) {
+        let Some(seq) = self.slots[slot].as_mut() else {
+            return;
+        };
+        seq.outbox.clear();
+        seq.outbox.push_back(Event::Error {
+            kind: ErrorKind::Engine,
+            message,
+        });
+        seq.done = true;
+        self.release_kv(ctx, slot);
+        self.metrics.failed.fetch_add(1, Ordering::Relaxed);
+        self.flush(ctx, slot);
+    }
+
+    fn release_kv(&mut self, ctx: &mut Context, slot: usize) {
+        let seq = self.slots[slot].as_mut().expect("slot is active");
+        if seq.n_past > 0 || seq.next_token.is_some() {
+            ctx.clear_sequence(slot as i32);
+        }
+        seq.n_past = 0;
+        seq.next_token = None;
+        let cells = seq.job.kv_cells();
+        self.kv_cells_reserved -= cells;
+    }
+
+    /// Sends what the sequence's outbox holds, as far as its channel takes it.
+    /// A full channel leaves the rest for later (the sequence stays paused); a
+    /// closed one means the client left: cancel and free everything now.
+    fn flush(&mut self, ctx: &mut Context, slot: usize) {
+        let seq = self.slots[slot].as_mut().expect("flushing slot is active");
+        let mut gone = false;
+        while let Some(event) = seq.outbox.pop_front() {
+            match seq.job.events.try_send(event) {
+                Ok(()) => {}
+                Err(TrySendError::Full(event)) => {
+                    seq.outbox.push_front(event);
+                    return;
+                }
+                Err(TrySendError::Disconnected(_)) => {
+                    gone = true;
+                    break;
+                }
+            }
+        }
+        let done = seq.done;
+        if gone && !done {
+            self.release_kv(ctx, slot);
+            self.metrics.cancelled_disconnect.fetch_add(1, Ordering::Relaxed);
+        }
+        if gone || done {
+            self.slots[slot] = None;
+        }
+    }
+
+    fn deliver_outboxes(&mut self, ctx: &mut Context) {
+        for slot in 0..self.slots.len() {
+            if self.slots[slot]
+                .as_ref()
+                .is_some_and(|s| !s.outbox.is_empty() || s.done)
+            {
+                self.flush(ctx, slot);
+            }
+        }
+    }
+
+    fn publish_gauges(&self) {
+        let active = self.slots.iter().flatten().filter(|s| !s.done).count();
+        let paused = self
+            .slots
+            .iter()
+            .flatten()
+            .filter(|s| s.phase() == Some(Phase::Paused))
+            .count();
+        self.metrics.set_engine_gauges(active, paused, self.kv_cells_reserved);
+    }
+}
+
+fn piece_text(model: &Model, token: Token) -> String {
+    String::from_utf8_lossy(&model.token_piece(token, false)).into_owned()
+}
+
+fn with_text(model: &Model, top: &[(Token, f32)]) -> Vec<(Token, String, f32)> {
+    top.iter()
+        .map(|&(t, lp)| (t, piece_text(model, t), lp))
+        .collect()
+}
+
+/// GGUF files start with these four bytes.
+const GGUF_MAGIC: &[u8; 4] = b"GGUF";
+/// Smaller than any real GGUF header plus tensor data.
+const GGUF_BYTES_MIN: u64 = 1024;
+
+/// Checks the model file for the usual mistakes (missing, not GGUF, cut short),
+/// with a message that says which, then loads it.
+pub fn load_model(path: &std::path::Path) -> Result<Model, String> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path).map_err(|e| {
+        format!(
+            "model file {}: {e}. Fetch the default model with 'models/fetch', or pass --model PATH",
+            path.display()
+        )
+    })?;
+    if !meta.is_file() {
+        return Err(format!("model path {} is not a file", path.display()));
+    }
+    let mut magic = [0u8; 4];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .map_err(|e| format!("cannot read model file {}: {e}", path.display()))?;
+    if &magic != GGUF_MAGIC {
+        return Err(format!(
+            "{} is not a GGUF file (it starts with {:02x?}, not \"GGUF\")",
+            path.display(),
+            magic
+        ));
+    }
+    if meta.len() < GGUF_BYTES_MIN {
+        return Err(format!(
+            "{} has only {} bytes: the file is truncated",
+            path.display(),
+            meta.len()
+        ));
+    }
+    Model::load(path).map_err(|e| format!("{e}; the file may be truncated or corrupt"))
+}

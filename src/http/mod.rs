@@ -1,0 +1,482 @@
+//! The HTTP front: the only module that knows about HTTP and JSON.
+//!
+//! A fixed pool of handler threads (`sluice-http-N`) takes requests from
+//! tiny_http. A handler parses, caps and validates the body, counts the prompt in
+//! tokens, submits a `Job` to admission (`try_send`, never blocking), then writes
+//! the answer: one JSON body, or Server-Sent Events flushed per token through the
+//! raw socket writer. The pool is sized so that handlers of every running and
+//! queued request can be busy streaming and `/health` is still answered.
+//!
+//! tiny_http also runs its own I/O threads, one per open connection (they read
+//! and parse requests and never compute); they are named `sluice-conn`.
+
+pub mod error;
+pub mod openai;
+pub mod sse;
+pub mod validation;
+
+use crate::admission::Admission;
+use crate::config::Config;
+use crate::engine::ffi::{self, SamplingParams};
+use crate::engine::{GenParams, Job};
+use crate::metrics::Metrics;
+use crate::prompt::Prompter;
+use crate::stream::{Event, TokenLogprob, Usage};
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
+use error::ApiError;
+use serde_json::{json, Value};
+use std::io::Read;
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tiny_http::{Header, Method, Request, Response, Server};
+use validation::{Api, Input, ValidRequest};
+
+/// Everything a handler thread needs.
+pub struct AppState {
+    pub cfg: Config,
+    pub prompter: Prompter,
+    pub admission: Admission,
+    pub metrics: Arc<Metrics>,
+    /// KV cells in the context: no request may need more.
+    pub n_ctx: usize,
+    pub next_id: AtomicU64,
+    pub started_unix_s: u64,
+}
+
+/// Starts tiny_http on `listener` and the handler pool. Returns the handler threads.
+pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Vec<JoinHandle<()>>, String> {
+    // Accepted sockets inherit TCP_NODELAY from the listener; without it Nagle's
+    // algorithm and delayed ACKs add tens of milliseconds to every token.
+    ffi::set_tcp_nodelay(&listener).map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
+    // tiny_http's threads (accept loop, connection pool) inherit the name of the
+    // thread that creates them.
+    ffi::set_current_thread_name("sluice-conn");
+    let server = Server::from_listener(listener, None);
+    ffi::set_current_thread_name("sluice-main");
+    let server = Arc::new(server.map_err(|e| format!("cannot start the HTTP server: {e}"))?);
+
+    let mut handles = Vec::with_capacity(state.cfg.http_threads);
+    for i in 0..state.cfg.http_threads {
+        let server = Arc::clone(&server);
+        let state = Arc::clone(&state);
+        let handle = std::thread::Builder::new()
+            .name(format!("sluice-http-{i}"))
+            .spawn(move || {
+                while let Ok(req) = server.recv() {
+                    handle(&state, req);
+                }
+            })
+            .map_err(|e| format!("cannot start handler thread: {e}"))?;
+        handles.push(handle);
+    }
+    Ok(handles)
+}
+
+fn handle(state: &AppState, req: Request) {
+    let path = req.url().split('?').next().unwrap_or("").to_string();
+    let method = req.method().clone();
+    match (&method, path.as_str()) {
+        (Method::Get, "/health") => respond_json(req, 200, &json!({"status": "ok"}), None),
+        (Method::Get, "/v1/models") => {
+            let body = json!({
+                "object": "list",
+                "data": [{
+                    "id": state.cfg.model_name,
+                    "object": "model",
+                    "created": state.started_unix_s,
+                    "owned_by": "sluice",
+                    "context_length": state.n_ctx,
+                }],
+            });
+            respond_json(req, 200, &body, None);
+        }
+        (Method::Get, "/metrics") => {
+            let gauges = [
+                ("sluice_compute_threads", "Compute threads (engine + ggml workers).", state.cfg.cpus.len() as f64),
+                ("sluice_parallel_max", "Sequences decoded together at most.", state.cfg.parallel as f64),
+                ("sluice_queue_depth_max", "Admission queue bound.", state.cfg.queue_depth_max as f64),
+                ("sluice_kv_cells", "KV cells in the context.", state.n_ctx as f64),
+                ("sluice_http_threads", "HTTP handler threads.", state.cfg.http_threads as f64),
+            ];
+            let body = state.metrics.render(&gauges);
+            let resp = Response::from_string(body).with_header(header("Content-Type", "text/plain; version=0.0.4"));
+            let _ = req.respond(resp);
+        }
+        (Method::Post, "/v1/chat/completions") => generate(state, req, Api::Chat),
+        (Method::Post, "/v1/completions") => generate(state, req, Api::Completions),
+        (_, "/health" | "/v1/models" | "/metrics" | "/v1/chat/completions" | "/v1/completions") => {
+            let e = ApiError::MethodNotAllowed {
+                method: method.to_string(),
+                path,
+            };
+            respond_error(req, &e);
+        }
+        _ => respond_error(req, &ApiError::NotFound { path }),
+    }
+}
+
+fn header(name: &str, value: &str) -> Header {
+    Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("static header is valid")
+}
+
+fn respond_json(req: Request, status: u16, body: &Value, retry_after_s: Option<u64>) {
+    let mut resp = Response::from_string(body.to_string())
+        .with_status_code(status)
+        .with_header(header("Content-Type", "application/json"));
+    if let Some(s) = retry_after_s {
+        resp.add_header(header("Retry-After", &s.to_string()));
+    }
+    let _ = req.respond(resp);
+}
+
+fn respond_error(req: Request, e: &ApiError) {
+    respond_json(req, e.status(), &e.to_json(), e.retry_after_s());
+}
+
+/// What one request log line says.
+struct Outcome {
+    status: u16,
+    usage: Usage,
+    first_token: Option<Duration>,
+    note: &'static str,
+}
+
+fn generate(state: &AppState, mut req: Request, api: Api) {
+    let t0 = Instant::now();
+    let path = req.url().to_string();
+    let (valid, prompt) = match prepare(state, &mut req, api) {
+        Ok(p) => p,
+        Err(e) => {
+            state.metrics.invalid.fetch_add(1, Ordering::Relaxed);
+            log_request(&path, t0, &outcome_of_error(&e));
+            respond_error(req, &e);
+            return;
+        }
+    };
+    let (gen, prompt) = match gen_params(state, &valid, prompt) {
+        Ok(g) => g,
+        Err(e) => {
+            state.metrics.invalid.fetch_add(1, Ordering::Relaxed);
+            log_request(&path, t0, &outcome_of_error(&e));
+            respond_error(req, &e);
+            return;
+        }
+    };
+    let prompt_tokens = prompt.len();
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
+    let job = Job {
+        id,
+        prompt,
+        gen,
+        enqueued_at: t0,
+        events: tx,
+    };
+    let prompt_ids_for_echo = match (&valid.input, valid.echo) {
+        (Input::Tokens(ids), true) => Some(ids.clone()),
+        _ => None,
+    };
+    if let Err(e) = state.admission.submit(job) {
+        log_request(&path, t0, &outcome_of_error(&e));
+        respond_error(req, &e);
+        return;
+    }
+    let echo_text = valid.echo.then(|| match (&valid.input, prompt_ids_for_echo) {
+        (Input::Text(t), _) => t.clone(),
+        (_, Some(ids)) => state.prompter.detokenize(&ids),
+        _ => String::new(),
+    });
+    let id_str = match api {
+        Api::Chat => format!("chatcmpl-{:x}-{id}", state.started_unix_s),
+        Api::Completions => format!("cmpl-{:x}-{id}", state.started_unix_s),
+    };
+    let meta = openai::Meta {
+        id: &id_str,
+        created: unix_now(),
+        model: &state.cfg.model_name,
+        api,
+    };
+    let mut outcome = if valid.stream {
+        stream_reply(req, &meta, &valid, echo_text, &rx, t0, state.cfg.request_timeout_ms)
+    } else {
+        whole_reply(req, &meta, &valid, echo_text, &rx, t0, state.cfg.request_timeout_ms)
+    };
+    if outcome.usage.prompt_tokens == 0 {
+        outcome.usage.prompt_tokens = prompt_tokens;
+    }
+    log_request(&path, t0, &outcome);
+}
+
+/// Caps, reads and validates the body, and counts the prompt in tokens.
+fn prepare(state: &AppState, req: &mut Request, api: Api) -> Result<(ValidRequest, Vec<ffi::Token>), ApiError> {
+    let limit = state.cfg.body_bytes_max;
+    // Decide from Content-Length before reading a byte of the body.
+    if let Some(n) = req.body_length() {
+        if n > limit {
+            return Err(ApiError::BodyTooLarge { limit, given: Some(n) });
+        }
+    }
+    if let Some(ct) = req.headers().iter().find(|h| h.field.equiv("Content-Type")) {
+        let ct = ct.value.as_str().to_ascii_lowercase();
+        if !ct.starts_with("application/json") {
+            return Err(ApiError::UnsupportedMediaType { given: ct });
+        }
+    }
+    let mut body = Vec::new();
+    req.as_reader()
+        .take(limit as u64 + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| ApiError::InvalidRequest {
+            param: None,
+            message: format!("could not read the request body: {e}"),
+        })?;
+    if body.len() > limit {
+        return Err(ApiError::BodyTooLarge { limit, given: None });
+    }
+    let valid = validation::parse(api, &body)?;
+    let prompt = state.prompter.tokens(&valid.input).map_err(|m| ApiError::invalid("prompt", m))?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt is empty (0 tokens)"));
+    }
+    Ok((valid, prompt))
+}
+
+/// Fits max_tokens to the context and builds the engine's parameters.
+fn gen_params(state: &AppState, v: &ValidRequest, prompt: Vec<ffi::Token>) -> Result<(GenParams, Vec<ffi::Token>), ApiError> {
+    let n_ctx = state.n_ctx;
+    let p = prompt.len();
+    let scoring_only = v.echo && v.max_tokens == Some(0);
+    let room = n_ctx.saturating_sub(p);
+    if room == 0 && !scoring_only || p > n_ctx {
+        return Err(ApiError::ContextLength {
+            message: format!(
+                "prompt has {p} tokens; the context limit is {n_ctx} tokens, including at least 1 to generate"
+            ),
+        });
+    }
+    let max_tokens = match v.max_tokens {
+        Some(n) if n > room => {
+            return Err(ApiError::ContextLength {
+                message: format!(
+                    "prompt has {p} tokens and max_tokens is {n}: together {} tokens, over the context limit of {n_ctx}",
+                    p + n
+                ),
+            })
+        }
+        Some(n) => n,
+        None => state.cfg.max_tokens_default.min(room),
+    };
+    let seed = v.seed.unwrap_or_else(random_seed);
+    Ok((
+        GenParams {
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: v.temperature,
+                top_k: v.top_k,
+                top_p: v.top_p,
+                min_p: v.min_p,
+                seed,
+            },
+            stop: v.stop.clone(),
+            ignore_eos: v.ignore_eos,
+            top_logprobs: v.top_logprobs,
+            echo_logprobs: v.echo && v.top_logprobs.is_some(),
+        },
+        prompt,
+    ))
+}
+
+fn random_seed() -> u32 {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    nanos ^ (COUNTER.fetch_add(0x9E37_79B9, Ordering::Relaxed) as u32)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn outcome_of_error(e: &ApiError) -> Outcome {
+    Outcome {
+        status: e.status(),
+        usage: Usage::default(),
+        first_token: None,
+        note: e.code(),
+    }
+}
+
+fn log_request(path: &str, t0: Instant, o: &Outcome) {
+    let ttft = o.first_token.map_or("-".to_string(), |d| format!("{}", d.as_millis()));
+    eprintln!(
+        "sluice: POST {path} {} prompt={} completion={} ttft_ms={ttft} total_ms={} {}",
+        o.status,
+        o.usage.prompt_tokens,
+        o.usage.completion_tokens,
+        t0.elapsed().as_millis(),
+        o.note
+    );
+}
+
+/// Waits for the next event until the request's deadline.
+fn next_event(rx: &Receiver<Event>, deadline: Instant) -> Result<Event, RecvTimeoutError> {
+    rx.recv_deadline(deadline)
+}
+
+fn stream_reply(
+    req: Request,
+    meta: &openai::Meta,
+    v: &ValidRequest,
+    echo_text: Option<String>,
+    rx: &Receiver<Event>,
+    t0: Instant,
+    timeout_ms: u64,
+) -> Outcome {
+    let deadline = t0 + Duration::from_millis(timeout_ms);
+    let mut outcome = Outcome {
+        status: 200,
+        usage: Usage::default(),
+        first_token: None,
+        note: "",
+    };
+    let Ok(mut out) = sse::SseWriter::start(req.into_writer()) else {
+        outcome.note = "client_gone";
+        return outcome;
+    };
+    let mut offset = 0;
+    let write = |out: &mut sse::SseWriter, value: Value| out.event(&value.to_string()).is_ok();
+    if meta.api == Api::Chat && !write(&mut out, meta.role_chunk()) {
+        outcome.note = "client_gone";
+        return outcome;
+    }
+    let mut pending_echo = echo_text;
+    loop {
+        let event = match next_event(rx, deadline) {
+            Ok(e) => e,
+            Err(RecvTimeoutError::Timeout) => {
+                let e = ApiError::Timeout { limit_ms: timeout_ms };
+                let _ = write(&mut out, e.to_json());
+                let _ = out.end();
+                outcome.note = "timeout";
+                return outcome;
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let e = ApiError::Engine {
+                    message: "the engine stopped before the request ended".into(),
+                };
+                let _ = write(&mut out, e.to_json());
+                let _ = out.end();
+                outcome.note = "engine_gone";
+                return outcome;
+            }
+        };
+        let ok = match event {
+            Event::Prompt { logprobs } => {
+                let text = pending_echo.take().unwrap_or_default();
+                let entries: Vec<&TokenLogprob> = logprobs.iter().collect();
+                let ok = write(&mut out, meta.text_chunk(&text, &entries, offset));
+                offset += text.chars().count();
+                ok
+            }
+            Event::Token { text, logprob, .. } => {
+                outcome.first_token.get_or_insert_with(|| t0.elapsed());
+                let mut text = text;
+                if let Some(echo) = pending_echo.take() {
+                    offset += echo.chars().count();
+                    text.insert_str(0, &echo);
+                }
+                let entries: Vec<&TokenLogprob> = logprob.iter().collect();
+                if text.is_empty() && entries.is_empty() {
+                    true
+                } else {
+                    let ok = write(&mut out, meta.text_chunk(&text, &entries, offset));
+                    offset += text.chars().count();
+                    ok
+                }
+            }
+            Event::End { finish, usage } => {
+                outcome.usage = usage;
+                if let Some(echo) = pending_echo.take() {
+                    let _ = write(&mut out, meta.text_chunk(&echo, &[], 0));
+                }
+                let mut ok = write(&mut out, meta.finish_chunk(finish));
+                if ok && v.include_usage {
+                    ok = write(&mut out, meta.usage_chunk(usage));
+                }
+                if !ok || out.done().is_err() {
+                    outcome.note = "client_gone";
+                }
+                return outcome;
+            }
+            Event::Error { message, .. } => {
+                let _ = write(&mut out, ApiError::Engine { message }.to_json());
+                let _ = out.end();
+                outcome.note = "engine_error";
+                return outcome;
+            }
+        };
+        if !ok {
+            // Dropping the receiver tells the engine at its next send.
+            outcome.note = "client_gone";
+            return outcome;
+        }
+    }
+}
+
+fn whole_reply(
+    req: Request,
+    meta: &openai::Meta,
+    v: &ValidRequest,
+    echo_text: Option<String>,
+    rx: &Receiver<Event>,
+    t0: Instant,
+    timeout_ms: u64,
+) -> Outcome {
+    let deadline = t0 + Duration::from_millis(timeout_ms);
+    let mut text = echo_text.unwrap_or_default();
+    let mut logprobs: Vec<TokenLogprob> = Vec::new();
+    let mut first_token = None;
+    loop {
+        let event = match next_event(rx, deadline) {
+            Ok(e) => e,
+            Err(RecvTimeoutError::Timeout) => {
+                let e = ApiError::Timeout { limit_ms: timeout_ms };
+                respond_error(req, &e);
+                return outcome_of_error(&e);
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let e = ApiError::Engine {
+                    message: "the engine stopped before the request ended".into(),
+                };
+                respond_error(req, &e);
+                return outcome_of_error(&e);
+            }
+        };
+        match event {
+            Event::Prompt { logprobs: prompt } => logprobs.extend(prompt),
+            Event::Token { text: t, logprob, .. } => {
+                first_token.get_or_insert_with(|| t0.elapsed());
+                text.push_str(&t);
+                logprobs.extend(logprob);
+            }
+            Event::End { finish, usage } => {
+                let entries: Vec<&TokenLogprob> = logprobs.iter().collect();
+                let lp = v.top_logprobs.map(|_| entries.as_slice());
+                respond_json(req, 200, &meta.response(&text, lp, finish, usage), None);
+                return Outcome {
+                    status: 200,
+                    usage,
+                    first_token,
+                    note: "",
+                };
+            }
+            Event::Error { message, .. } => {
+                let e = ApiError::Engine { message };
+                respond_error(req, &e);
+                return outcome_of_error(&e);
+            }
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! Counters, gauges and latency distributions, exported as Prometheus text.
+//!
+//! Histograms are plain `hdrhistogram::Histogram`s behind a mutex, recorded by the
+//! engine thread and read by `/metrics`. (`SyncHistogram::refresh` waits for every
+//! recorder to record again, so an idle engine would hang the scrape.) All
+//! histograms share the same bounds so that they can be merged.
+
+use hdrhistogram::Histogram;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Latencies are recorded in microseconds, up to one hour, 3 significant digits.
+const LATENCY_US_MAX: u64 = 3_600_000_000;
+const QUANTILES: [f64; 4] = [0.5, 0.9, 0.99, 1.0];
+
+fn latency_histogram() -> Mutex<Histogram<u64>> {
+    Mutex::new(Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("valid histogram bounds"))
+}
+
+pub struct Metrics {
+    /// Requests that passed validation and entered the admission queue.
+    pub accepted: AtomicU64,
+    /// Requests refused because the admission queue was full.
+    pub rejected_queue_full: AtomicU64,
+    /// Requests refused by validation (4xx).
+    pub invalid: AtomicU64,
+    /// Requests that ended with a complete response.
+    pub completed: AtomicU64,
+    /// Requests whose client left before the end; their sequence was cancelled.
+    pub cancelled_disconnect: AtomicU64,
+    /// Requests that ended with an engine error.
+    pub failed: AtomicU64,
+    pub tokens_generated: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub steps: AtomicU64,
+    pub step_tokens: AtomicU64,
+    /// Steps that held decode tokens and a prefill chunk together.
+    pub steps_mixed: AtomicU64,
+    pub queue_depth: AtomicUsize,
+    active_sequences: AtomicUsize,
+    paused_sequences: AtomicUsize,
+    kv_cells_reserved: AtomicUsize,
+    queue_wait: Mutex<Histogram<u64>>,
+    prefill_done: Mutex<Histogram<u64>>,
+    step_time: Mutex<Histogram<u64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            accepted: AtomicU64::new(0),
+            rejected_queue_full: AtomicU64::new(0),
+            invalid: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            cancelled_disconnect: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            tokens_generated: AtomicU64::new(0),
+            prompt_tokens: AtomicU64::new(0),
+            steps: AtomicU64::new(0),
+            step_tokens: AtomicU64::new(0),
+            steps_mixed: AtomicU64::new(0),
+            queue_depth: AtomicUsize::new(0),
+            active_sequences: AtomicUsize::new(0),
+            paused_sequences: AtomicUsize::new(0),
+            kv_cells_reserved: AtomicUsize::new(0),
+            queue_wait: latency_histogram(),
+            prefill_done: latency_histogram(),
+            step_time: latency_histogram(),
+        }
+    }
+}
+
+fn record(h: &Mutex<Histogram<u64>>, d: Duration) {
+    let us = (d.as_micros() as u64).clamp(1, LATENCY_US_MAX);
+    if let Ok(mut h) = h.lock() {
+        h.saturating_record(us);
+    }
+}
+
+impl Metrics {
+    pub fn record_queue_wait(&self, d: Duration) {
+        record(&self.queue_wait, d);
+    }
+
+    pub fn record_prefill_done(&self, prompt_tokens: usize, since_enqueue: Duration) {
+        self.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        record(&self.prefill_done, since_enqueue);
+    }
+
+    pub fn record_step(&self, tokens: usize, decode_tokens: usize, d: Duration) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.step_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
+        if decode_tokens > 0 && tokens > decode_tokens {
+            self.steps_mixed.fetch_add(1, Ordering::Relaxed);
+        }
+        record(&self.step_time, d);
+    }
+
+    pub fn set_engine_gauges(&self, active: usize, paused: usize, kv_cells_reserved: usize) {
+        self.active_sequences.store(active, Ordering::Relaxed);
+        self.paused_sequences.store(paused, Ordering::Relaxed);
+        self.kv_cells_reserved.store(kv_cells_reserved, Ordering::Relaxed);
+    }
+
+    /// Prometheus text exposition format.
+    pub fn render(&self, static_gauges: &[(&str, &str, f64)]) -> String {
+        let mut out = String::new();
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        counter(&mut out, "sluice_requests_accepted_total", "Requests admitted to the queue.", l(&self.accepted));
+        let _ = writeln!(
+            out,
+            "# HELP sluice_requests_rejected_total Requests refused before admission, by reason.\n\
+             # TYPE sluice_requests_rejected_total counter\n\
+             sluice_requests_rejected_total{{reason=\"queue_full\"}} {}\n\
+             sluice_requests_rejected_total{{reason=\"invalid\"}} {}",
+            l(&self.rejected_queue_full),
+            l(&self.invalid)
+        );
+        counter(&mut out, "sluice_requests_completed_total", "Requests that ended with a complete response.", l(&self.completed));
+        let _ = writeln!(
+            out,
+            "# HELP sluice_requests_cancelled_total Admitted requests cancelled before completion, by reason.\n\
+             # TYPE sluice_requests_cancelled_total counter\n\
+             sluice_requests_cancelled_total{{reason=\"disconnect\"}} {}",
+            l(&self.cancelled_disconnect)
+        );
+        counter(&mut out, "sluice_requests_failed_total", "Admitted requests that ended with an engine error.", l(&self.failed));
+        counter(&mut out, "sluice_tokens_generated_total", "Tokens sampled.", l(&self.tokens_generated));
+        counter(&mut out, "sluice_prompt_tokens_total", "Prompt tokens prefilled.", l(&self.prompt_tokens));
+        counter(&mut out, "sluice_steps_total", "Engine steps (llama_decode calls).", l(&self.steps));
+        counter(&mut out, "sluice_step_tokens_total", "Tokens decoded across all steps.", l(&self.step_tokens));
+        counter(&mut out, "sluice_steps_mixed_total", "Steps that carried decode tokens and a prefill chunk together.", l(&self.steps_mixed));
+        let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
+        gauge(&mut out, "sluice_queue_depth", "Requests waiting in the admission queue.", g(&self.queue_depth));
+        gauge(&mut out, "sluice_sequences_active", "Sequences in the engine.", g(&self.active_sequences));
+        gauge(&mut out, "sluice_sequences_paused", "Sequences paused because their reader is slow.", g(&self.paused_sequences));
+        gauge(&mut out, "sluice_kv_cells_reserved", "KV cells reserved for admitted sequences (prompt + max_tokens).", g(&self.kv_cells_reserved));
+        for (name, help, v) in static_gauges {
+            gauge(&mut out, name, help, *v);
+        }
+        for (name, help, h) in [
+            ("sluice_queue_wait_seconds", "Time from admission to a slot.", &self.queue_wait),
+            ("sluice_prefill_done_seconds", "Time from admission to the end of prefill.", &self.prefill_done),
+            ("sluice_step_seconds", "Time of one engine step.", &self.step_time),
+        ] {
+            let Ok(h) = h.lock() else { continue };
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+            for q in QUANTILES {
+                let v = h.value_at_quantile(q) as f64 / 1e6;
+                let _ = writeln!(out, "{name}{{quantile=\"{q}\"}} {v}");
+            }
+            let _ = writeln!(out, "{name}_count {}", h.len());
+        }
+        out
+    }
+}
