@@ -58,19 +58,31 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Vec<JoinHand
     ffi::set_current_thread_name("sluice-main");
     let server = Arc::new(server.map_err(|e| format!("cannot start the HTTP server: {e}"))?);
 
-    let mut handles = Vec::with_capacity(state.cfg.http_threads);
-    for i in 0..state.cfg.http_threads {
+    let n = state.cfg.http_threads;
+    let mut handles = Vec::with_capacity(n);
+    // "Listening" is only said once every handler runs under its own name.
+    let (started_tx, started_rx) = bounded::<()>(n);
+    for i in 0..n {
         let server = Arc::clone(&server);
         let state = Arc::clone(&state);
+        let started = started_tx.clone();
         let handle = std::thread::Builder::new()
             .name(format!("sluice-http-{i}"))
             .spawn(move || {
+                let _ = started.send(());
+                drop(started);
                 while let Ok(req) = server.recv() {
                     handle(&state, req);
                 }
             })
             .map_err(|e| format!("cannot start handler thread: {e}"))?;
         handles.push(handle);
+    }
+    drop(started_tx);
+    for _ in 0..n {
+        started_rx
+            .recv()
+            .map_err(|_| "a handler thread died while starting".to_string())?;
     }
     Ok(handles)
 }

@@ -1,1 +1,10 @@
+//! Integration tests: the real binary, the real model, real sockets.
+//!
+//! They assert counts, states and orderings, never wall times: this machine is
+//! shared and noisy, and speed is measured by benchmarks instead.
 
+mod api;
+mod batching;
+mod harness;
+mod startup;
+mod threads;
