@@ -18,7 +18,11 @@ fn main() {
         .ok()
         .filter(|o| o.status.success())
         .is_some_and(|o| !o.stdout.is_empty());
-    let commit = if dirty { format!("{commit}-dirty") } else { commit };
+    let commit = if dirty {
+        format!("{commit}-dirty")
+    } else {
+        commit
+    };
     println!("cargo:rustc-env=SLUICE_GIT_COMMIT={commit}");
 
     let target_cpu = std::env::var("CARGO_ENCODED_RUSTFLAGS")
@@ -29,8 +33,23 @@ fn main() {
     println!("cargo:rustc-env=SLUICE_TARGET_CPU={target_cpu}");
 
     let wanted = [
-        "sse4.2", "avx", "avx2", "fma", "f16c", "bmi2", "avx512f", "avx512bw", "avx512vl",
-        "avx512vnni", "avx512vbmi", "avx512bf16", "avxvnni", "neon", "dotprod", "i8mm", "sve",
+        "sse4.2",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "bmi2",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512vnni",
+        "avx512vbmi",
+        "avx512bf16",
+        "avxvnni",
+        "neon",
+        "dotprod",
+        "i8mm",
+        "sve",
     ];
     let features: Vec<String> = std::env::var("CARGO_CFG_TARGET_FEATURE")
         .unwrap_or_default()
@@ -38,7 +57,10 @@ fn main() {
         .filter(|f| wanted.contains(f))
         .map(str::to_string)
         .collect();
-    println!("cargo:rustc-env=SLUICE_TARGET_FEATURES={}", features.join(","));
+    println!(
+        "cargo:rustc-env=SLUICE_TARGET_FEATURES={}",
+        features.join(",")
+    );
 
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/refs/heads");

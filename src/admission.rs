@@ -40,11 +40,15 @@ impl Admission {
         match self.tx.try_send(job) {
             Ok(()) => {
                 self.metrics.accepted.fetch_add(1, Ordering::Relaxed);
-                self.metrics.queue_depth.store(self.tx.len(), Ordering::Relaxed);
+                self.metrics
+                    .queue_depth
+                    .store(self.tx.len(), Ordering::Relaxed);
                 Ok(())
             }
             Err(TrySendError::Full(_)) => {
-                self.metrics.rejected_queue_full.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .rejected_queue_full
+                    .fetch_add(1, Ordering::Relaxed);
                 Err(ApiError::QueueFull {
                     depth: self.queue_depth_max,
                     retry_after_s: RETRY_AFTER_S_MIN,
@@ -54,9 +58,5 @@ impl Admission {
                 message: "the engine has stopped".into(),
             }),
         }
-    }
-
-    pub fn queue_depth(&self) -> usize {
-        self.tx.len()
     }
 }

@@ -101,7 +101,9 @@ fn serve(cfg: Config) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     let template = match prompter.template() {
         Template::Model(_) => "the model's chat template",
-        Template::ChatMlFallback => "ChatML (fallback: the model's template is missing or not recognised)",
+        Template::ChatMlFallback => {
+            "ChatML (fallback: the model's template is missing or not recognised)"
+        }
     };
     eprintln!(
         "sluice: model {} ({}), context {n_ctx} tokens (trained {n_ctx_train}), chat: {template}",

@@ -49,7 +49,10 @@ pub fn run(args: CalibrateArgs) -> Result<(), String> {
     let mut results = Vec::new();
     for &b in &BATCH_SIZES {
         let tok_s = time_decode(&mut ctx, &prompt, b, args.steps)?;
-        println!("calibrate: batch {b}: {tok_s:.1} tok/s aggregate, {:.1} tok/s per sequence", tok_s / b as f64);
+        println!(
+            "calibrate: batch {b}: {tok_s:.1} tok/s aggregate, {:.1} tok/s per sequence",
+            tok_s / b as f64
+        );
         results.push(format!("\"batch_{b}_tok_s\": {tok_s:.2}"));
     }
     println!("{{{}}}", results.join(", "));
@@ -58,7 +61,12 @@ pub fn run(args: CalibrateArgs) -> Result<(), String> {
 
 /// Prefills `prompt` into `n_seq` sequences, then times `steps` decode steps
 /// that each carry one token per sequence. Returns aggregate tokens per second.
-fn time_decode(ctx: &mut Context, prompt: &[ffi::Token], n_seq: usize, steps: usize) -> Result<f64, String> {
+fn time_decode(
+    ctx: &mut Context,
+    prompt: &[ffi::Token],
+    n_seq: usize,
+    steps: usize,
+) -> Result<f64, String> {
     let mut batch = Batch::new(ctx.n_batch());
     for seq in 0..n_seq {
         ctx.clear_sequence(seq as i32);
@@ -66,12 +74,12 @@ fn time_decode(ctx: &mut Context, prompt: &[ffi::Token], n_seq: usize, steps: us
         for (pos, &t) in prompt.iter().enumerate() {
             batch.push(t, pos as i32, seq as i32, pos + 1 == prompt.len());
         }
-        ctx.decode(&batch).map_err(|e| format!("prefill failed: {e:?}"))?;
+        ctx.decode(&batch)
+            .map_err(|e| format!("prefill failed: {e:?}"))?;
     }
     let token = prompt[prompt.len() - 1];
-    let mut pos = prompt.len();
     let mut started = Instant::now();
-    for step in 0..WARMUP_STEPS + steps {
+    for (step, pos) in (0..WARMUP_STEPS + steps).zip(prompt.len()..) {
         if step == WARMUP_STEPS {
             started = Instant::now();
         }
@@ -79,10 +87,10 @@ fn time_decode(ctx: &mut Context, prompt: &[ffi::Token], n_seq: usize, steps: us
         for seq in 0..n_seq {
             batch.push(token, pos as i32, seq as i32, true);
         }
-        ctx.decode(&batch).map_err(|e| format!("decode failed: {e:?}"))?;
+        ctx.decode(&batch)
+            .map_err(|e| format!("decode failed: {e:?}"))?;
         // Read the logits as a server would before sampling.
         let _ = ctx.logits(&batch, n_seq - 1)[0];
-        pos += 1;
     }
     let secs = started.elapsed().as_secs_f64();
     for seq in 0..n_seq {

@@ -146,7 +146,12 @@ impl Config {
         if let Some(ctx) = a.ctx {
             check_range("--ctx", ctx, 16, CTX_TOKENS_MAX)?;
         }
-        check_range("--max-tokens-default", a.max_tokens_default, 1, CTX_TOKENS_MAX)?;
+        check_range(
+            "--max-tokens-default",
+            a.max_tokens_default,
+            1,
+            CTX_TOKENS_MAX,
+        )?;
         check_range("--max-body-bytes", a.max_body_bytes, 1024, 64 << 20)?;
         check_range(
             "--stream-buffer-tokens",
@@ -163,8 +168,9 @@ impl Config {
         // Streaming handlers block on their stream: keep threads for health checks.
         let busy_max = a.parallel + a.queue_depth;
         let http_threads = a.http_threads.unwrap_or(busy_max + HTTP_SPARE_THREADS);
-        check_range("--http-threads", http_threads, busy_max + 1, 1024)
-            .map_err(|e| format!("{e} (handlers of running and queued requests, plus one for /health)"))?;
+        check_range("--http-threads", http_threads, busy_max + 1, 1024).map_err(|e| {
+            format!("{e} (handlers of running and queued requests, plus one for /health)")
+        })?;
         let model_name = a.model_name.unwrap_or_else(|| {
             a.model
                 .file_name()
@@ -208,7 +214,9 @@ pub fn compute_cpus(threads: Option<usize>) -> Result<Vec<usize>, String> {
         .into_iter()
         .map(|c| c.id)
         .collect();
-    let quota = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let quota = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let usable = usable_cpus(&mask, quota);
     match threads {
         None => Ok(usable),

@@ -85,7 +85,8 @@ impl Metrics {
     }
 
     pub fn record_prefill_done(&self, prompt_tokens: usize, since_enqueue: Duration) {
-        self.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+        self.prompt_tokens
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
         record(&self.prefill_done, since_enqueue);
     }
 
@@ -101,20 +102,29 @@ impl Metrics {
     pub fn set_engine_gauges(&self, active: usize, paused: usize, kv_cells_reserved: usize) {
         self.active_sequences.store(active, Ordering::Relaxed);
         self.paused_sequences.store(paused, Ordering::Relaxed);
-        self.kv_cells_reserved.store(kv_cells_reserved, Ordering::Relaxed);
+        self.kv_cells_reserved
+            .store(kv_cells_reserved, Ordering::Relaxed);
     }
 
     /// Prometheus text exposition format.
     pub fn render(&self, static_gauges: &[(&str, &str, f64)]) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
+            );
         };
         let gauge = |out: &mut String, name: &str, help: &str, v: f64| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         };
         let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        counter(&mut out, "sluice_requests_accepted_total", "Requests admitted to the queue.", l(&self.accepted));
+        counter(
+            &mut out,
+            "sluice_requests_accepted_total",
+            "Requests admitted to the queue.",
+            l(&self.accepted),
+        );
         let _ = writeln!(
             out,
             "# HELP sluice_requests_rejected_total Requests refused before admission, by reason.\n\
@@ -124,7 +134,12 @@ impl Metrics {
             l(&self.rejected_queue_full),
             l(&self.invalid)
         );
-        counter(&mut out, "sluice_requests_completed_total", "Requests that ended with a complete response.", l(&self.completed));
+        counter(
+            &mut out,
+            "sluice_requests_completed_total",
+            "Requests that ended with a complete response.",
+            l(&self.completed),
+        );
         let _ = writeln!(
             out,
             "# HELP sluice_requests_cancelled_total Admitted requests cancelled before completion, by reason.\n\
@@ -132,24 +147,86 @@ impl Metrics {
              sluice_requests_cancelled_total{{reason=\"disconnect\"}} {}",
             l(&self.cancelled_disconnect)
         );
-        counter(&mut out, "sluice_requests_failed_total", "Admitted requests that ended with an engine error.", l(&self.failed));
-        counter(&mut out, "sluice_tokens_generated_total", "Tokens sampled.", l(&self.tokens_generated));
-        counter(&mut out, "sluice_prompt_tokens_total", "Prompt tokens prefilled.", l(&self.prompt_tokens));
-        counter(&mut out, "sluice_steps_total", "Engine steps (llama_decode calls).", l(&self.steps));
-        counter(&mut out, "sluice_step_tokens_total", "Tokens decoded across all steps.", l(&self.step_tokens));
-        counter(&mut out, "sluice_steps_mixed_total", "Steps that carried decode tokens and a prefill chunk together.", l(&self.steps_mixed));
+        counter(
+            &mut out,
+            "sluice_requests_failed_total",
+            "Admitted requests that ended with an engine error.",
+            l(&self.failed),
+        );
+        counter(
+            &mut out,
+            "sluice_tokens_generated_total",
+            "Tokens sampled.",
+            l(&self.tokens_generated),
+        );
+        counter(
+            &mut out,
+            "sluice_prompt_tokens_total",
+            "Prompt tokens prefilled.",
+            l(&self.prompt_tokens),
+        );
+        counter(
+            &mut out,
+            "sluice_steps_total",
+            "Engine steps (llama_decode calls).",
+            l(&self.steps),
+        );
+        counter(
+            &mut out,
+            "sluice_step_tokens_total",
+            "Tokens decoded across all steps.",
+            l(&self.step_tokens),
+        );
+        counter(
+            &mut out,
+            "sluice_steps_mixed_total",
+            "Steps that carried decode tokens and a prefill chunk together.",
+            l(&self.steps_mixed),
+        );
         let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
-        gauge(&mut out, "sluice_queue_depth", "Requests waiting in the admission queue.", g(&self.queue_depth));
-        gauge(&mut out, "sluice_sequences_active", "Sequences in the engine.", g(&self.active_sequences));
-        gauge(&mut out, "sluice_sequences_paused", "Sequences paused because their reader is slow.", g(&self.paused_sequences));
-        gauge(&mut out, "sluice_kv_cells_reserved", "KV cells reserved for admitted sequences (prompt + max_tokens).", g(&self.kv_cells_reserved));
+        gauge(
+            &mut out,
+            "sluice_queue_depth",
+            "Requests waiting in the admission queue.",
+            g(&self.queue_depth),
+        );
+        gauge(
+            &mut out,
+            "sluice_sequences_active",
+            "Sequences in the engine.",
+            g(&self.active_sequences),
+        );
+        gauge(
+            &mut out,
+            "sluice_sequences_paused",
+            "Sequences paused because their reader is slow.",
+            g(&self.paused_sequences),
+        );
+        gauge(
+            &mut out,
+            "sluice_kv_cells_reserved",
+            "KV cells reserved for admitted sequences (prompt + max_tokens).",
+            g(&self.kv_cells_reserved),
+        );
         for (name, help, v) in static_gauges {
             gauge(&mut out, name, help, *v);
         }
         for (name, help, h) in [
-            ("sluice_queue_wait_seconds", "Time from admission to a slot.", &self.queue_wait),
-            ("sluice_prefill_done_seconds", "Time from admission to the end of prefill.", &self.prefill_done),
-            ("sluice_step_seconds", "Time of one engine step.", &self.step_time),
+            (
+                "sluice_queue_wait_seconds",
+                "Time from admission to a slot.",
+                &self.queue_wait,
+            ),
+            (
+                "sluice_prefill_done_seconds",
+                "Time from admission to the end of prefill.",
+                &self.prefill_done,
+            ),
+            (
+                "sluice_step_seconds",
+                "Time of one engine step.",
+                &self.step_time,
+            ),
         ] {
             let Ok(h) = h.lock() else { continue };
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");

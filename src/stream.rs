@@ -16,7 +16,9 @@ pub const STREAM_BUFFER_TOKENS_MAX: usize = 256;
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// Log-probabilities of the prompt's tokens (only for `echo` with `logprobs`).
-    Prompt { logprobs: Vec<TokenLogprob> },
+    Prompt {
+        logprobs: Vec<TokenLogprob>,
+    },
     /// One generated token. `text` is what became final with it: it may be empty
     /// (half a UTF-8 character, or text held back as a possible stop string).
     Token {
@@ -62,8 +64,6 @@ pub struct Usage {
 pub enum ErrorKind {
     /// llama.cpp failed to decode a batch holding this request.
     Engine,
-    /// The server is shutting down.
-    Shutdown,
 }
 
 /// The log-probability of one token, with the most likely alternatives.

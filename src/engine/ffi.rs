@@ -169,7 +169,11 @@ impl Model {
     pub fn description(&self) -> String {
         let mut buf = vec![0u8; 256];
         let n = unsafe {
-            sys::llama_model_desc(self.ptr.as_ptr(), buf.as_mut_ptr() as *mut c_char, buf.len())
+            sys::llama_model_desc(
+                self.ptr.as_ptr(),
+                buf.as_mut_ptr() as *mut c_char,
+                buf.len(),
+            )
         };
         buf.truncate(n.clamp(0, 255) as usize);
         String::from_utf8_lossy(&buf).into_owned()
@@ -193,7 +197,12 @@ impl Model {
 
     /// Tokenizes `text`. `add_special` adds BOS/EOS as the model asks;
     /// `parse_special` turns "<|im_start|>" and the like into their tokens.
-    pub fn tokenize(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<Token>, String> {
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<Token>, String> {
         let len = i32::try_from(text.len()).map_err(|_| "text too long to tokenize".to_string())?;
         // A token is at least one byte, plus room for BOS/EOS.
         let mut tokens: Vec<Token> = vec![0; text.len() + 2];
@@ -306,8 +315,10 @@ pub struct Context {
     pool: NonNull<sys::ggml_threadpool>,
     n_batch: usize,
     n_vocab: usize,
-    /// Set from any thread to make a running `decode` return early.
-    abort: Arc<AtomicBool>,
+    /// The abort callback reads this flag (through a raw pointer), so it must
+    /// live as long as the context. Setting it from another thread will stop a
+    /// running `decode` (cancellation and shutdown build on it).
+    _abort: Arc<AtomicBool>,
     // Keeps the weights alive for as long as the context reads them. Declared last
     // so it is dropped after the context (fields drop in order).
     _model: Arc<Model>,
@@ -339,7 +350,10 @@ impl Context {
         let n_threads = p.cpus.len() as i32;
         unsafe {
             let mut tp = sys::ggml_threadpool_params_default(n_threads);
-            assert!(p.cpus.len() <= tp.cpumask.len(), "more threads than ggml supports");
+            assert!(
+                p.cpus.len() <= tp.cpumask.len(),
+                "more threads than ggml supports"
+            );
             for &cpu in &p.cpus {
                 if cpu < tp.cpumask.len() {
                     tp.cpumask[cpu] = true;
@@ -363,7 +377,9 @@ impl Context {
                 Some(ptr) => ptr,
                 None => {
                     sys::ggml_threadpool_free(pool.as_ptr());
-                    return Err("llama.cpp could not create a context (reason in the log above)".into());
+                    return Err(
+                        "llama.cpp could not create a context (reason in the log above)".into(),
+                    );
                 }
             };
             sys::llama_attach_threadpool(ptr.as_ptr(), pool.as_ptr(), pool.as_ptr());
@@ -379,7 +395,7 @@ impl Context {
                 pool,
                 n_batch,
                 n_vocab: model.n_vocab(),
-                abort,
+                _abort: abort,
                 _model: model,
             })
         }
@@ -393,14 +409,9 @@ impl Context {
         unsafe { sys::llama_n_ctx(self.ptr.as_ptr()) as usize }
     }
 
-    /// A flag that, when set, makes a running `decode` stop early.
-    pub fn abort_flag(&self) -> Arc<AtomicBool> {
-        Arc::clone(&self.abort)
-    }
-
     pub fn decode(&mut self, batch: &Batch) -> Result<(), DecodeError> {
         assert!(batch.len() <= self.n_batch, "batch over n_batch");
-        if batch.len() == 0 {
+        if batch.is_empty() {
             return Ok(());
         }
         let rc = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch.raw) };
@@ -415,7 +426,10 @@ impl Context {
     /// Logits for the batch entry `i`, which must have been added with `logits = true`
     /// to the batch of the last successful `decode`.
     pub fn logits(&mut self, batch: &Batch, i: usize) -> &[f32] {
-        assert!(batch.wants_logits(i), "logits of entry {i} were not requested");
+        assert!(
+            batch.wants_logits(i),
+            "logits of entry {i} were not requested"
+        );
         unsafe {
             let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i as i32);
             assert!(!p.is_null(), "llama.cpp has no logits for entry {i}");
@@ -482,7 +496,11 @@ impl Batch {
     /// Adds a token of sequence `seq` at position `pos`; returns its batch index.
     pub fn push(&mut self, token: Token, pos: i32, seq: i32, logits: bool) -> usize {
         let i = self.raw.n_tokens as usize;
-        assert!(i < self.capacity, "batch capacity {} exceeded", self.capacity);
+        assert!(
+            i < self.capacity,
+            "batch capacity {} exceeded",
+            self.capacity
+        );
         unsafe {
             *self.raw.token.add(i) = token;
             *self.raw.pos.add(i) = pos;

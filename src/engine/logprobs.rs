@@ -6,14 +6,15 @@ pub const TOP_LOGPROBS_MAX: usize = 20;
 /// A position's distribution, summarised.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
-    log_sum_exp: f32,
+    /// Kept in f64: at large logits, f32 spacing swamps the small differences.
+    log_sum_exp: f64,
     /// `(token, logprob)`, most likely first.
     pub top: Vec<(i32, f32)>,
 }
 
 impl Summary {
     pub fn logprob(&self, logits: &[f32], token: i32) -> f32 {
-        logits[token as usize] - self.log_sum_exp
+        (f64::from(logits[token as usize]) - self.log_sum_exp) as f32
     }
 }
 
@@ -23,7 +24,7 @@ pub fn summarize(logits: &[f32], n: usize) -> Summary {
     let n = n.min(TOP_LOGPROBS_MAX).min(logits.len());
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let log_sum_exp = max + sum.ln() as f32;
+    let log_sum_exp = f64::from(max) + sum.ln();
 
     // Keep the best n in a small sorted buffer: n is at most 20, the vocabulary ~50k.
     let mut top: Vec<(i32, f32)> = Vec::with_capacity(n + 1);
@@ -38,7 +39,7 @@ pub fn summarize(logits: &[f32], n: usize) -> Summary {
         }
     }
     for entry in &mut top {
-        entry.1 -= log_sum_exp;
+        entry.1 = (f64::from(entry.1) - log_sum_exp) as f32;
     }
     Summary { log_sum_exp, top }
 }

@@ -115,8 +115,14 @@ pub fn run(
     metrics: Arc<Metrics>,
     shutdown: Arc<AtomicBool>,
 ) {
-    assert!(cfg.step_tokens_max >= cfg.parallel, "step budget below --parallel");
-    assert!(cfg.step_tokens_max <= ctx.n_batch(), "step budget above n_batch");
+    assert!(
+        cfg.step_tokens_max >= cfg.parallel,
+        "step budget below --parallel"
+    );
+    assert!(
+        cfg.step_tokens_max <= ctx.n_batch(),
+        "step budget above n_batch"
+    );
     let mut engine = Engine {
         model,
         slots: (0..cfg.parallel).map(|_| None).collect(),
@@ -179,10 +185,7 @@ impl Engine {
     /// when the job channel is closed.
     fn admit(&mut self, jobs: &Receiver<Job>) -> bool {
         let mut closed = false;
-        loop {
-            let Some(slot) = self.slots.iter().position(Option::is_none) else {
-                break;
-            };
+        while let Some(slot) = self.slots.iter().position(Option::is_none) {
             let job = match self.waiting.take() {
                 Some(job) => job,
                 None => match jobs.try_recv() {
@@ -193,7 +196,9 @@ impl Engine {
                     }
                 },
             };
-            self.metrics.queue_depth.store(jobs.len(), Ordering::Relaxed);
+            self.metrics
+                .queue_depth
+                .store(jobs.len(), Ordering::Relaxed);
             let cells = job.kv_cells();
             if self.kv_cells_reserved + cells > self.cfg.n_ctx {
                 self.waiting = Some(job);
@@ -240,12 +245,15 @@ impl Engine {
         // first batch index of its chunk, number of tokens).
         let mut placed: Vec<(usize, usize, usize)> = Vec::with_capacity(plan.entries.len());
         for entry in &plan.entries {
-            let seq = self.slots[entry.slot].as_mut().expect("planned slot is active");
+            let seq = self.slots[entry.slot]
+                .as_mut()
+                .expect("planned slot is active");
             let first = self.batch.len();
             match entry.work {
                 Work::Decode => {
                     let token = seq.next_token.expect("a decoding sequence has a token");
-                    self.batch.push(token, seq.n_past as i32, entry.slot as i32, true);
+                    self.batch
+                        .push(token, seq.n_past as i32, entry.slot as i32, true);
                     placed.push((entry.slot, first, 1));
                 }
                 Work::Prefill { n_tokens } => {
@@ -264,13 +272,21 @@ impl Engine {
         }
 
         if let Err(e) = ctx.decode(&self.batch) {
-            eprintln!("sluice: decode of a {}-token step failed: {e:?}", self.batch.len());
+            eprintln!(
+                "sluice: decode of a {}-token step failed: {e:?}",
+                self.batch.len()
+            );
             for &(slot, _, _) in &placed {
-                self.fail(ctx, slot, format!("the engine could not decode this request ({e:?})"));
+                self.fail(
+                    ctx,
+                    slot,
+                    format!("the engine could not decode this request ({e:?})"),
+                );
             }
             return;
         }
-        self.metrics.record_step(self.batch.len(), plan.n_decode(), started.elapsed());
+        self.metrics
+            .record_step(self.batch.len(), plan.n_decode(), started.elapsed());
 
         for (slot, first, n) in placed {
             self.after_decode(ctx, slot, first, n);
@@ -316,7 +332,8 @@ impl Engine {
             return; // more prompt to prefill
         }
         if was_prefill {
-            self.metrics.record_prefill_done(prompt_len, seq.job.enqueued_at.elapsed());
+            self.metrics
+                .record_prefill_done(prompt_len, seq.job.enqueued_at.elapsed());
             if seq.job.gen.echo_logprobs {
                 let logprobs = std::mem::take(&mut seq.prompt_logprobs);
                 seq.outbox.push_back(Event::Prompt { logprobs });
@@ -341,7 +358,9 @@ impl Engine {
             }
         });
         seq.completion_tokens += 1;
-        self.metrics.tokens_generated.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .tokens_generated
+            .fetch_add(1, Ordering::Relaxed);
 
         let eog = model.is_eog(token) && !seq.job.gen.ignore_eos;
         let fed = if eog {
@@ -398,6 +417,7 @@ impl Engine {
         let Some(seq) = self.slots[slot].as_mut() else {
             return;
         };
+        eprintln!("sluice: request {} failed: {message}", seq.job.id);
         seq.outbox.clear();
         seq.outbox.push_back(Event::Error {
             kind: ErrorKind::Engine,
@@ -413,6 +433,11 @@ impl Engine {
         let seq = self.slots[slot].as_mut().expect("slot is active");
         if seq.n_past > 0 || seq.next_token.is_some() {
             ctx.clear_sequence(slot as i32);
+            debug_assert_eq!(
+                ctx.sequence_pos_max(slot as i32),
+                -1,
+                "KV cells of slot {slot} not freed"
+            );
         }
         seq.n_past = 0;
         seq.next_token = None;
@@ -442,7 +467,9 @@ impl Engine {
         let done = seq.done;
         if gone && !done {
             self.release_kv(ctx, slot);
-            self.metrics.cancelled_disconnect.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .cancelled_disconnect
+                .fetch_add(1, Ordering::Relaxed);
         }
         if gone || done {
             self.slots[slot] = None;
@@ -468,7 +495,8 @@ impl Engine {
             .flatten()
             .filter(|s| s.phase() == Some(Phase::Paused))
             .count();
-        self.metrics.set_engine_gauges(active, paused, self.kv_cells_reserved);
+        self.metrics
+            .set_engine_gauges(active, paused, self.kv_cells_reserved);
     }
 }
 

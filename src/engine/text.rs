@@ -99,7 +99,9 @@ impl TextAssembler {
             let max = stop.len().min(held.len());
             for n in (best + 1..=max).rev() {
                 let start = held.len() - n;
-                if held.is_char_boundary(start) && stop.as_bytes().starts_with(&held.as_bytes()[start..]) {
+                if held.is_char_boundary(start)
+                    && stop.as_bytes().starts_with(&held.as_bytes()[start..])
+                {
                     best = n;
                     break;
                 }

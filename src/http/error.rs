@@ -9,19 +9,41 @@ use serde_json::json;
 #[derive(Debug, Clone, PartialEq)]
 pub enum ApiError {
     /// The body is not JSON, or a field has the wrong type or value.
-    InvalidRequest { param: Option<String>, message: String },
+    InvalidRequest {
+        param: Option<String>,
+        message: String,
+    },
     /// The prompt (plus the tokens asked for) does not fit the context.
-    ContextLength { message: String },
-    BodyTooLarge { limit: usize, given: Option<usize> },
-    UnsupportedMediaType { given: String },
-    NotFound { path: String },
-    MethodNotAllowed { method: String, path: String },
+    ContextLength {
+        message: String,
+    },
+    BodyTooLarge {
+        limit: usize,
+        given: Option<usize>,
+    },
+    UnsupportedMediaType {
+        given: String,
+    },
+    NotFound {
+        path: String,
+    },
+    MethodNotAllowed {
+        method: String,
+        path: String,
+    },
     /// The admission queue is full.
-    QueueFull { depth: usize, retry_after_s: u64 },
+    QueueFull {
+        depth: usize,
+        retry_after_s: u64,
+    },
     /// The engine failed or went away while serving the request.
-    Engine { message: String },
+    Engine {
+        message: String,
+    },
     /// The request took longer than the server's ceiling.
-    Timeout { limit_ms: u64 },
+    Timeout {
+        limit_ms: u64,
+    },
 }
 
 impl ApiError {

@@ -107,14 +107,35 @@ fn handle(state: &AppState, req: Request) {
         }
         (Method::Get, "/metrics") => {
             let gauges = [
-                ("sluice_compute_threads", "Compute threads (engine + ggml workers).", state.cfg.cpus.len() as f64),
-                ("sluice_parallel_max", "Sequences decoded together at most.", state.cfg.parallel as f64),
-                ("sluice_queue_depth_max", "Admission queue bound.", state.cfg.queue_depth_max as f64),
-                ("sluice_kv_cells", "KV cells in the context.", state.n_ctx as f64),
-                ("sluice_http_threads", "HTTP handler threads.", state.cfg.http_threads as f64),
+                (
+                    "sluice_compute_threads",
+                    "Compute threads (engine + ggml workers).",
+                    state.cfg.cpus.len() as f64,
+                ),
+                (
+                    "sluice_parallel_max",
+                    "Sequences decoded together at most.",
+                    state.cfg.parallel as f64,
+                ),
+                (
+                    "sluice_queue_depth_max",
+                    "Admission queue bound.",
+                    state.cfg.queue_depth_max as f64,
+                ),
+                (
+                    "sluice_kv_cells",
+                    "KV cells in the context.",
+                    state.n_ctx as f64,
+                ),
+                (
+                    "sluice_http_threads",
+                    "HTTP handler threads.",
+                    state.cfg.http_threads as f64,
+                ),
             ];
             let body = state.metrics.render(&gauges);
-            let resp = Response::from_string(body).with_header(header("Content-Type", "text/plain; version=0.0.4"));
+            let resp = Response::from_string(body)
+                .with_header(header("Content-Type", "text/plain; version=0.0.4"));
             let _ = req.respond(resp);
         }
         (Method::Post, "/v1/chat/completions") => generate(state, req, Api::Chat),
@@ -196,11 +217,13 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         respond_error(req, &e);
         return;
     }
-    let echo_text = valid.echo.then(|| match (&valid.input, prompt_ids_for_echo) {
-        (Input::Text(t), _) => t.clone(),
-        (_, Some(ids)) => state.prompter.detokenize(&ids),
-        _ => String::new(),
-    });
+    let echo_text = valid
+        .echo
+        .then(|| match (&valid.input, prompt_ids_for_echo) {
+            (Input::Text(t), _) => t.clone(),
+            (_, Some(ids)) => state.prompter.detokenize(&ids),
+            _ => String::new(),
+        });
     let id_str = match api {
         Api::Chat => format!("chatcmpl-{:x}-{id}", state.started_unix_s),
         Api::Completions => format!("cmpl-{:x}-{id}", state.started_unix_s),
@@ -212,9 +235,25 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         api,
     };
     let mut outcome = if valid.stream {
-        stream_reply(req, &meta, &valid, echo_text, &rx, t0, state.cfg.request_timeout_ms)
+        stream_reply(
+            req,
+            &meta,
+            &valid,
+            echo_text,
+            &rx,
+            t0,
+            state.cfg.request_timeout_ms,
+        )
     } else {
-        whole_reply(req, &meta, &valid, echo_text, &rx, t0, state.cfg.request_timeout_ms)
+        whole_reply(
+            req,
+            &meta,
+            &valid,
+            echo_text,
+            &rx,
+            t0,
+            state.cfg.request_timeout_ms,
+        )
     };
     if outcome.usage.prompt_tokens == 0 {
         outcome.usage.prompt_tokens = prompt_tokens;
@@ -223,12 +262,19 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
 }
 
 /// Caps, reads and validates the body, and counts the prompt in tokens.
-fn prepare(state: &AppState, req: &mut Request, api: Api) -> Result<(ValidRequest, Vec<ffi::Token>), ApiError> {
+fn prepare(
+    state: &AppState,
+    req: &mut Request,
+    api: Api,
+) -> Result<(ValidRequest, Vec<ffi::Token>), ApiError> {
     let limit = state.cfg.body_bytes_max;
     // Decide from Content-Length before reading a byte of the body.
     if let Some(n) = req.body_length() {
         if n > limit {
-            return Err(ApiError::BodyTooLarge { limit, given: Some(n) });
+            return Err(ApiError::BodyTooLarge {
+                limit,
+                given: Some(n),
+            });
         }
     }
     if let Some(ct) = req.headers().iter().find(|h| h.field.equiv("Content-Type")) {
@@ -249,15 +295,25 @@ fn prepare(state: &AppState, req: &mut Request, api: Api) -> Result<(ValidReques
         return Err(ApiError::BodyTooLarge { limit, given: None });
     }
     let valid = validation::parse(api, &body)?;
-    let prompt = state.prompter.tokens(&valid.input).map_err(|m| ApiError::invalid("prompt", m))?;
+    let prompt = state
+        .prompter
+        .tokens(&valid.input)
+        .map_err(|m| ApiError::invalid("prompt", m))?;
     if prompt.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt is empty (0 tokens)"));
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt is empty (0 tokens)",
+        ));
     }
     Ok((valid, prompt))
 }
 
 /// Fits max_tokens to the context and builds the engine's parameters.
-fn gen_params(state: &AppState, v: &ValidRequest, prompt: Vec<ffi::Token>) -> Result<(GenParams, Vec<ffi::Token>), ApiError> {
+fn gen_params(
+    state: &AppState,
+    v: &ValidRequest,
+    prompt: Vec<ffi::Token>,
+) -> Result<(GenParams, Vec<ffi::Token>), ApiError> {
     let n_ctx = state.n_ctx;
     let p = prompt.len();
     let scoring_only = v.echo && v.max_tokens == Some(0);
@@ -302,13 +358,19 @@ fn gen_params(state: &AppState, v: &ValidRequest, prompt: Vec<ffi::Token>) -> Re
 }
 
 fn random_seed() -> u32 {
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     nanos ^ (COUNTER.fetch_add(0x9E37_79B9, Ordering::Relaxed) as u32)
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn outcome_of_error(e: &ApiError) -> Outcome {
@@ -321,7 +383,9 @@ fn outcome_of_error(e: &ApiError) -> Outcome {
 }
 
 fn log_request(path: &str, t0: Instant, o: &Outcome) {
-    let ttft = o.first_token.map_or("-".to_string(), |d| format!("{}", d.as_millis()));
+    let ttft = o
+        .first_token
+        .map_or("-".to_string(), |d| format!("{}", d.as_millis()));
     eprintln!(
         "sluice: POST {path} {} prompt={} completion={} ttft_ms={ttft} total_ms={} {}",
         o.status,
@@ -368,7 +432,9 @@ fn stream_reply(
         let event = match next_event(rx, deadline) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => {
-                let e = ApiError::Timeout { limit_ms: timeout_ms };
+                let e = ApiError::Timeout {
+                    limit_ms: timeout_ms,
+                };
                 let _ = write(&mut out, e.to_json());
                 let _ = out.end();
                 outcome.note = "timeout";
@@ -454,7 +520,9 @@ fn whole_reply(
         let event = match next_event(rx, deadline) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => {
-                let e = ApiError::Timeout { limit_ms: timeout_ms };
+                let e = ApiError::Timeout {
+                    limit_ms: timeout_ms,
+                };
                 respond_error(req, &e);
                 return outcome_of_error(&e);
             }
@@ -468,7 +536,9 @@ fn whole_reply(
         };
         match event {
             Event::Prompt { logprobs: prompt } => logprobs.extend(prompt),
-            Event::Token { text: t, logprob, .. } => {
+            Event::Token {
+                text: t, logprob, ..
+            } => {
                 first_token.get_or_insert_with(|| t0.elapsed());
                 text.push_str(&t);
                 logprobs.extend(logprob);

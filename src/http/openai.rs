@@ -65,8 +65,12 @@ impl Meta<'_> {
     /// The chunk that carries the finish reason.
     pub fn finish_chunk(&self, finish: FinishReason) -> Value {
         let choice = match self.api {
-            Api::Chat => json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish.as_str()}),
-            Api::Completions => json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish.as_str()}),
+            Api::Chat => {
+                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish.as_str()})
+            }
+            Api::Completions => {
+                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish.as_str()})
+            }
         };
         self.wrap(true, choice, None)
     }
@@ -77,7 +81,13 @@ impl Meta<'_> {
     }
 
     /// A whole non-streamed response.
-    pub fn response(&self, text: &str, logprobs: Option<&[&TokenLogprob]>, finish: FinishReason, usage: Usage) -> Value {
+    pub fn response(
+        &self,
+        text: &str,
+        logprobs: Option<&[&TokenLogprob]>,
+        finish: FinishReason,
+        usage: Usage,
+    ) -> Value {
         let choice = match self.api {
             Api::Chat => json!({
                 "index": 0,
@@ -112,7 +122,9 @@ pub fn chat_logprobs(entries: &[&TokenLogprob]) -> Value {
             let top: Vec<Value> = e
                 .top
                 .iter()
-                .map(|(_, text, lp)| json!({"token": text, "logprob": lp, "bytes": text.as_bytes()}))
+                .map(
+                    |(_, text, lp)| json!({"token": text, "logprob": lp, "bytes": text.as_bytes()}),
+                )
                 .collect();
             json!({
                 "token": e.text,
@@ -196,7 +208,10 @@ mod tests {
         let c = meta.text_chunk("hi", &[], 0);
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(c["choices"][0]["delta"]["content"], "hi");
-        assert_eq!(meta.finish_chunk(FinishReason::Length)["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            meta.finish_chunk(FinishReason::Length)["choices"][0]["finish_reason"],
+            "length"
+        );
         let u = meta.usage_chunk(Usage {
             prompt_tokens: 3,
             completion_tokens: 4,

@@ -72,8 +72,12 @@ mod tests {
     fn dechunk(mut raw: &[u8]) -> Vec<u8> {
         let mut body = Vec::new();
         loop {
-            let line_end = raw.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
-            let size = usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap(), 16).unwrap();
+            let line_end = raw
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("chunk size line");
+            let size =
+                usize::from_str_radix(std::str::from_utf8(&raw[..line_end]).unwrap(), 16).unwrap();
             raw = &raw[line_end + 2..];
             if size == 0 {
                 assert_eq!(raw, b"\r\n");
@@ -91,7 +95,10 @@ mod tests {
         raw.extend(frame_event("[DONE]"));
         raw.extend_from_slice(END_OF_BODY);
         let body = dechunk(&raw);
-        assert_eq!(String::from_utf8(body).unwrap(), "data: {\"a\":\"é\"}\n\ndata: [DONE]\n\n");
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            "data: {\"a\":\"é\"}\n\ndata: [DONE]\n\n"
+        );
     }
 
     #[test]

@@ -75,7 +75,10 @@ pub struct ValidRequest {
 pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
     let text = std::str::from_utf8(body).map_err(|e| ApiError::InvalidRequest {
         param: None,
-        message: format!("request body is not valid UTF-8 (at byte {})", e.valid_up_to()),
+        message: format!(
+            "request body is not valid UTF-8 (at byte {})",
+            e.valid_up_to()
+        ),
     })?;
     let value: Value = serde_json::from_str(text).map_err(|e| ApiError::InvalidRequest {
         param: None,
@@ -94,14 +97,22 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
     };
     if let Some(n) = opt_int(&obj, "n", 1, 1_000_000)? {
         if n != 1 {
-            return Err(ApiError::invalid("n", format!("'n' is {n}; sluice returns one choice, so it must be 1")));
+            return Err(ApiError::invalid(
+                "n",
+                format!("'n' is {n}; sluice returns one choice, so it must be 1"),
+            ));
         }
     }
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(o)) => opt_bool(o, "include_usage")?.unwrap_or(false),
-        Some(_) => return Err(ApiError::invalid("stream_options", "'stream_options' must be an object")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "'stream_options' must be an object",
+            ))
+        }
     };
     let echo = match api {
         Api::Completions => opt_bool(&obj, "echo")?.unwrap_or(false),
@@ -137,7 +148,8 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
         top_k: opt_int(&obj, "top_k", 0, 1_000_000)?.unwrap_or(0) as i32,
         top_p: opt_f32(&obj, "top_p", 0.0, 1.0)?.unwrap_or(1.0),
         min_p: opt_f32(&obj, "min_p", 0.0, 1.0)?.unwrap_or(0.0),
-        seed: opt_int(&obj, "seed", 0, u64::MAX as usize)?.map(|s| (s as u64 % (1u64 << 32)) as u32),
+        seed: opt_int(&obj, "seed", 0, u64::MAX as usize)?
+            .map(|s| (s as u64 % (1u64 << 32)) as u32),
         stop: parse_stop(&obj)?,
         ignore_eos: opt_bool(&obj, "ignore_eos")?.unwrap_or(false),
         top_logprobs,
@@ -150,15 +162,24 @@ fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
         return Err(ApiError::invalid("messages", "'messages' is required"));
     };
     let Value::Array(items) = v else {
-        return Err(ApiError::invalid("messages", "'messages' must be an array of messages"));
+        return Err(ApiError::invalid(
+            "messages",
+            "'messages' must be an array of messages",
+        ));
     };
     if items.is_empty() {
-        return Err(ApiError::invalid("messages", "'messages' is empty; give at least one message"));
+        return Err(ApiError::invalid(
+            "messages",
+            "'messages' is empty; give at least one message",
+        ));
     }
     if items.len() > MESSAGES_MAX {
         return Err(ApiError::invalid(
             "messages",
-            format!("'messages' has {} entries; the limit is {MESSAGES_MAX}", items.len()),
+            format!(
+                "'messages' has {} entries; the limit is {MESSAGES_MAX}",
+                items.len()
+            ),
         ));
     }
     items
@@ -214,8 +235,14 @@ fn parse_content(i: usize, v: Option<&Value>) -> Result<String, ApiError> {
             }
             Ok(text)
         }
-        None => Err(ApiError::invalid(param.clone(), format!("{param} is required"))),
-        Some(_) => Err(ApiError::invalid(param.clone(), format!("{param} must be a string or an array of text parts"))),
+        None => Err(ApiError::invalid(
+            param.clone(),
+            format!("{param} is required"),
+        )),
+        Some(_) => Err(ApiError::invalid(
+            param.clone(),
+            format!("{param} must be a string or an array of text parts"),
+        )),
     }
 }
 
@@ -224,7 +251,10 @@ fn parse_prompt(obj: &Map<String, Value>) -> Result<Input, ApiError> {
         Some(Value::String(s)) => Ok(Input::Text(s.clone())),
         Some(Value::Array(items)) if items.iter().all(Value::is_string) => match items.as_slice() {
             [Value::String(s)] => Ok(Input::Text(s.clone())),
-            _ => Err(ApiError::invalid("prompt", "'prompt' as an array of strings must hold exactly one (batches are not supported)")),
+            _ => Err(ApiError::invalid(
+                "prompt",
+                "'prompt' as an array of strings must hold exactly one (batches are not supported)",
+            )),
         },
         Some(Value::Array(items)) if !items.is_empty() => {
             let ids = items
@@ -235,7 +265,10 @@ fn parse_prompt(obj: &Map<String, Value>) -> Result<Input, ApiError> {
             Ok(Input::Tokens(ids))
         }
         None => Err(ApiError::invalid("prompt", "'prompt' is required")),
-        Some(_) => Err(ApiError::invalid("prompt", "'prompt' must be a non-empty string or array of token ids")),
+        Some(_) => Err(ApiError::invalid(
+            "prompt",
+            "'prompt' must be a non-empty string or array of token ids",
+        )),
     }
 }
 
@@ -247,19 +280,32 @@ fn parse_stop(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
             .iter()
             .map(|v| v.as_str().map(str::to_string))
             .collect::<Option<_>>()
-            .ok_or_else(|| ApiError::invalid("stop", "'stop' must be a string or an array of strings"))?,
-        Some(_) => return Err(ApiError::invalid("stop", "'stop' must be a string or an array of strings")),
+            .ok_or_else(|| {
+                ApiError::invalid("stop", "'stop' must be a string or an array of strings")
+            })?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "stop",
+                "'stop' must be a string or an array of strings",
+            ))
+        }
     };
     if stops.len() > STOP_STRINGS_MAX {
         return Err(ApiError::invalid(
             "stop",
-            format!("'stop' has {} strings; the limit is {STOP_STRINGS_MAX}", stops.len()),
+            format!(
+                "'stop' has {} strings; the limit is {STOP_STRINGS_MAX}",
+                stops.len()
+            ),
         ));
     }
     if let Some(s) = stops.iter().find(|s| s.len() > STOP_BYTES_MAX) {
         return Err(ApiError::invalid(
             "stop",
-            format!("a stop string has {} bytes; the limit is {STOP_BYTES_MAX}", s.len()),
+            format!(
+                "a stop string has {} bytes; the limit is {STOP_BYTES_MAX}",
+                s.len()
+            ),
         ));
     }
     Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
@@ -269,15 +315,28 @@ fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiErro
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::invalid(key, format!("'{key}' must be true or false"))),
+        Some(_) => Err(ApiError::invalid(
+            key,
+            format!("'{key}' must be true or false"),
+        )),
     }
 }
 
-fn opt_int(obj: &Map<String, Value>, key: &str, lo: usize, hi: usize) -> Result<Option<usize>, ApiError> {
+fn opt_int(
+    obj: &Map<String, Value>,
+    key: &str,
+    lo: usize,
+    hi: usize,
+) -> Result<Option<usize>, ApiError> {
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Number(n)) => {
-            let range = || ApiError::invalid(key, format!("'{key}' is {n}; it must be an integer from {lo} to {hi}"));
+            let range = || {
+                ApiError::invalid(
+                    key,
+                    format!("'{key}' is {n}; it must be an integer from {lo} to {hi}"),
+                )
+            };
             let v = n.as_u64().ok_or_else(range)?;
             let v = usize::try_from(v).map_err(|_| range())?;
             if v < lo || v > hi {
@@ -285,7 +344,10 @@ fn opt_int(obj: &Map<String, Value>, key: &str, lo: usize, hi: usize) -> Result<
             }
             Ok(Some(v))
         }
-        Some(_) => Err(ApiError::invalid(key, format!("'{key}' must be an integer"))),
+        Some(_) => Err(ApiError::invalid(
+            key,
+            format!("'{key}' must be an integer"),
+        )),
     }
 }
 
@@ -295,7 +357,10 @@ fn opt_f32(obj: &Map<String, Value>, key: &str, lo: f32, hi: f32) -> Result<Opti
         Some(Value::Number(n)) => {
             let v = n.as_f64().unwrap_or(f64::NAN);
             if !(v >= f64::from(lo) && v <= f64::from(hi)) {
-                return Err(ApiError::invalid(key, format!("'{key}' is {n}; it must be {lo} to {hi}")));
+                return Err(ApiError::invalid(
+                    key,
+                    format!("'{key}' is {n}; it must be {lo} to {hi}"),
+                ));
             }
             Ok(Some(v as f32))
         }
@@ -341,18 +406,54 @@ mod tests {
             ("[]", None),
             (r#"{"messages":[]}"#, Some("messages")),
             (r#"{"messages":"hi"}"#, Some("messages")),
-            (r#"{"messages":[{"role":"robot","content":"x"}]}"#, Some("messages[0].role")),
-            (r#"{"messages":[{"role":"user"}]}"#, Some("messages[0].content")),
-            (r#"{"messages":[{"role":"user","content":5}]}"#, Some("messages[0].content")),
-            (r#"{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#, Some("temperature")),
-            (r#"{"messages":[{"role":"user","content":"x"}],"temperature":3.5}"#, Some("temperature")),
-            (r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#, Some("max_tokens")),
-            (r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1e30}"#, Some("max_tokens")),
-            (r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#, Some("max_tokens")),
-            (r#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#, Some("stream")),
-            (r#"{"messages":[{"role":"user","content":"x"}],"n":3}"#, Some("n")),
-            (r#"{"messages":[{"role":"user","content":"x"}],"stop":[1]}"#, Some("stop")),
-            (r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":50}"#, Some("top_logprobs")),
+            (
+                r#"{"messages":[{"role":"robot","content":"x"}]}"#,
+                Some("messages[0].role"),
+            ),
+            (
+                r#"{"messages":[{"role":"user"}]}"#,
+                Some("messages[0].content"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":5}]}"#,
+                Some("messages[0].content"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}"#,
+                Some("temperature"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"temperature":3.5}"#,
+                Some("temperature"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}"#,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":1e30}"#,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":0}"#,
+                Some("max_tokens"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"stream":"yes"}"#,
+                Some("stream"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"n":3}"#,
+                Some("n"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"stop":[1]}"#,
+                Some("stop"),
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":50}"#,
+                Some("top_logprobs"),
+            ),
         ];
         for (body, param) in cases {
             let e = chat(body).expect_err(body);
@@ -363,15 +464,25 @@ mod tests {
 
     #[test]
     fn invalid_utf8_and_deep_nesting_are_400_not_a_crash() {
-        assert_eq!(parse(Api::Chat, b"{\"messages\":\"\xff\"}").unwrap_err().status(), 400);
+        assert_eq!(
+            parse(Api::Chat, b"{\"messages\":\"\xff\"}")
+                .unwrap_err()
+                .status(),
+            400
+        );
         let deep = "[".repeat(100_000);
         assert_eq!(chat(&deep).unwrap_err().status(), 400);
     }
 
     #[test]
     fn too_many_stop_strings_are_refused() {
-        let stops: Vec<String> = (0..STOP_STRINGS_MAX + 1).map(|i| format!("\"s{i}\"")).collect();
-        let body = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],"stop":[{}]}}"#, stops.join(","));
+        let stops: Vec<String> = (0..STOP_STRINGS_MAX + 1)
+            .map(|i| format!("\"s{i}\""))
+            .collect();
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":"x"}}],"stop":[{}]}}"#,
+            stops.join(",")
+        );
         assert_eq!(param_of(chat(&body).unwrap_err()).as_deref(), Some("stop"));
     }
 
@@ -389,7 +500,11 @@ mod tests {
 
     #[test]
     fn completions_take_text_or_token_ids_and_echo() {
-        let r = parse(Api::Completions, br#"{"prompt":"Once","echo":true,"logprobs":2,"max_tokens":0}"#).unwrap();
+        let r = parse(
+            Api::Completions,
+            br#"{"prompt":"Once","echo":true,"logprobs":2,"max_tokens":0}"#,
+        )
+        .unwrap();
         assert_eq!(r.input, Input::Text("Once".into()));
         assert!(r.echo);
         assert_eq!(r.top_logprobs, Some(2));
@@ -401,6 +516,8 @@ mod tests {
 
     #[test]
     fn unknown_fields_are_tolerated() {
-        assert!(chat(r#"{"messages":[{"role":"user","content":"x"}],"frobnicate":{"a":[1]}}"#).is_ok());
+        assert!(
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"frobnicate":{"a":[1]}}"#).is_ok()
+        );
     }
 }

@@ -14,14 +14,23 @@ fn chat(content: &str, extra: serde_json::Value) -> serde_json::Value {
 #[test]
 fn greedy_is_deterministic_and_streaming_matches_the_whole_response() {
     let srv = Server::start(&[]);
-    let body = chat("Name three colours of the rainbow.", json!({"max_tokens": 40}));
+    let body = chat(
+        "Name three colours of the rainbow.",
+        json!({"max_tokens": 40}),
+    );
     let a = srv.post("/v1/chat/completions", &body);
     let b = srv.post("/v1/chat/completions", &body);
     assert_eq!(a.status, 200);
-    let (a, b) = (a.json(), b.json());
-    let text = a["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let (a, b) = (a.body_json(), b.body_json());
+    let text = a["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(!text.trim().is_empty(), "generated text is empty: {a}");
-    assert_eq!(text, b["choices"][0]["message"]["content"].as_str().unwrap());
+    assert_eq!(
+        text,
+        b["choices"][0]["message"]["content"].as_str().unwrap()
+    );
     assert_eq!(a["object"], "chat.completion");
     let usage = &a["usage"];
     assert!(usage["prompt_tokens"].as_u64().unwrap() > 5);
@@ -38,12 +47,17 @@ fn greedy_is_deterministic_and_streaming_matches_the_whole_response() {
     let (stream_text, chunks) = collect_stream(&mut sse);
     assert_eq!(stream_text, text, "streamed and whole responses differ");
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert!(chunks
+        .iter()
+        .all(|c| c["object"] == "chat.completion.chunk"));
     let finish: Vec<_> = chunks
         .iter()
         .filter_map(|c| c["choices"][0]["finish_reason"].as_str())
         .collect();
-    assert_eq!(finish, vec![a["choices"][0]["finish_reason"].as_str().unwrap()]);
+    assert_eq!(
+        finish,
+        vec![a["choices"][0]["finish_reason"].as_str().unwrap()]
+    );
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"], json!([]));
     assert_eq!(last["usage"], *usage);
@@ -53,7 +67,7 @@ fn greedy_is_deterministic_and_streaming_matches_the_whole_response() {
 fn text_completions_stream_and_stop_strings() {
     let srv = Server::start(&[]);
     let body = json!({"prompt": "1, 2, 3, 4,", "temperature": 0, "max_tokens": 30});
-    let whole = srv.post("/v1/completions", &body).json();
+    let whole = srv.post("/v1/completions", &body).body_json();
     let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
     assert!(text.contains(" 5"), "unexpected continuation {text:?}");
 
@@ -65,15 +79,21 @@ fn text_completions_stream_and_stop_strings() {
     // A stop string ends generation and is not part of the text.
     let mut stopped = body.clone();
     stopped["stop"] = json!([" 7"]);
-    let r = srv.post("/v1/completions", &stopped).json();
+    let r = srv.post("/v1/completions", &stopped).body_json();
     let t = r["choices"][0]["text"].as_str().unwrap();
     assert_eq!(r["choices"][0]["finish_reason"], "stop");
-    assert!(!t.contains(" 7") && text.starts_with(t), "{t:?} vs {text:?}");
+    assert!(
+        !t.contains(" 7") && text.starts_with(t),
+        "{t:?} vs {text:?}"
+    );
 
     // max_tokens is honoured exactly with ignore_eos.
     let r = srv
-        .post("/v1/completions", &json!({"prompt": "Hello", "max_tokens": 7, "ignore_eos": true, "temperature": 0}))
-        .json();
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "Hello", "max_tokens": 7, "ignore_eos": true, "temperature": 0}),
+        )
+        .body_json();
     assert_eq!(r["usage"]["completion_tokens"], 7);
     assert_eq!(r["choices"][0]["finish_reason"], "length");
 }
@@ -85,15 +105,25 @@ fn multibyte_utf8_arrives_intact_and_every_event_is_json() {
         "prompt": "Translate to Japanese and Chinese, with emoji: I love coffee ☕ ->",
         "temperature": 0, "max_tokens": 48, "ignore_eos": true, "logprobs": 1,
     });
-    let whole = srv.post("/v1/completions", &body).json();
+    let whole = srv.post("/v1/completions", &body).body_json();
     let text = whole["choices"][0]["text"].as_str().unwrap().to_string();
-    assert!(!text.is_ascii(), "the test needs non-ASCII output: {text:?}");
-    assert!(!text.contains('\u{FFFD}'), "a character arrived broken: {text:?}");
+    assert!(
+        !text.is_ascii(),
+        "the test needs non-ASCII output: {text:?}"
+    );
+    assert!(
+        !text.contains('\u{FFFD}'),
+        "a character arrived broken: {text:?}"
+    );
     // The test is only meaningful if some character was split across tokens:
     // such tokens render alone as U+FFFD in the per-token logprobs.
-    let tokens = whole["choices"][0]["logprobs"]["tokens"].as_array().unwrap();
+    let tokens = whole["choices"][0]["logprobs"]["tokens"]
+        .as_array()
+        .unwrap();
     assert!(
-        tokens.iter().any(|t| t.as_str().unwrap().contains('\u{FFFD}')),
+        tokens
+            .iter()
+            .any(|t| t.as_str().unwrap().contains('\u{FFFD}')),
         "no character was split across tokens; pick another prompt: {tokens:?}"
     );
 
@@ -109,7 +139,10 @@ fn multibyte_utf8_arrives_intact_and_every_event_is_json() {
         }
         let v: serde_json::Value = serde_json::from_str(&data).expect("every SSE event is JSON");
         let piece = delta_text(&v);
-        assert!(!piece.contains('\u{FFFD}'), "a streamed piece is broken: {piece:?}");
+        assert!(
+            !piece.contains('\u{FFFD}'),
+            "a streamed piece is broken: {piece:?}"
+        );
         joined.push_str(&piece);
     }
     assert!(saw_done);
@@ -120,29 +153,135 @@ fn multibyte_utf8_arrives_intact_and_every_event_is_json() {
 fn bad_requests_get_a_json_4xx_and_the_server_keeps_serving() {
     let srv = Server::start(&["--max-body-bytes", "4096"]);
     let json_ct = [("Content-Type", "application/json")];
-    let cases: Vec<(&str, &str, Vec<u8>, Vec<(&str, &str)>, u16, &str)> = vec![
-        ("POST", "/v1/chat/completions", b"{not json".to_vec(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/chat/completions", b"[1,2]".to_vec(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/chat/completions", br#"{"messages":[]}"#.to_vec(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/chat/completions", br#"{"messages":[{"role":"wizard","content":"x"}]}"#.to_vec(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/chat/completions", br#"{"messages":[{"role":"user","content":"x"}],"temperature":"warm"}"#.to_vec(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/chat/completions", br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-5}"#.to_vec(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/chat/completions", b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/chat/completions", "[".repeat(3000).into_bytes(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/completions", br#"{"prompt":[1, 99999999]}"#.to_vec(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/completions", br#"{"prompt":""}"#.to_vec(), json_ct.to_vec(), 400, "invalid_request"),
-        ("POST", "/v1/chat/completions", br#"{"messages":[{"role":"user","content":"x"}]}"#.to_vec(), vec![("Content-Type", "text/plain")], 415, "unsupported_media_type"),
-        ("POST", "/v1/chat/completions", vec![b' '; 8192], json_ct.to_vec(), 413, "body_too_large"),
-        ("GET", "/v1/chat/completions", Vec::new(), vec![], 405, "method_not_allowed"),
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        Vec<u8>,
+        Vec<(&'a str, &'a str)>,
+        u16,
+        &'a str,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "POST",
+            "/v1/chat/completions",
+            b"{not json".to_vec(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            b"[1,2]".to_vec(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            br#"{"messages":[]}"#.to_vec(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            br#"{"messages":[{"role":"wizard","content":"x"}]}"#.to_vec(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            br#"{"messages":[{"role":"user","content":"x"}],"temperature":"warm"}"#.to_vec(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            br#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-5}"#.to_vec(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            b"{\"messages\":[{\"role\":\"user\",\"content\":\"\xff\xfe\"}]}".to_vec(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            "[".repeat(3000).into_bytes(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            br#"{"prompt":[1, 99999999]}"#.to_vec(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            br#"{"prompt":""}"#.to_vec(),
+            json_ct.to_vec(),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            br#"{"messages":[{"role":"user","content":"x"}]}"#.to_vec(),
+            vec![("Content-Type", "text/plain")],
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            vec![b' '; 8192],
+            json_ct.to_vec(),
+            413,
+            "body_too_large",
+        ),
+        (
+            "GET",
+            "/v1/chat/completions",
+            Vec::new(),
+            vec![],
+            405,
+            "method_not_allowed",
+        ),
         ("GET", "/v2/anything", Vec::new(), vec![], 404, "not_found"),
     ];
     for (method, path, body, headers, status, code) in cases {
         let body_opt = (!body.is_empty()).then_some(body.as_slice());
         let r = request(srv.addr, method, path, body_opt, &headers);
-        assert_eq!(r.status, status, "{method} {path} {:?}", String::from_utf8_lossy(&body));
-        let v = r.json();
+        assert_eq!(
+            r.status,
+            status,
+            "{method} {path} {:?}",
+            String::from_utf8_lossy(&body)
+        );
+        let v = r.body_json();
         assert_eq!(v["error"]["code"], code, "{v}");
-        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert!(v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
     }
 
     // Prompt longer than the context: 400 naming both numbers.
@@ -151,20 +290,36 @@ fn bad_requests_get_a_json_4xx_and_the_server_keeps_serving() {
     // The body is over 4096 bytes here; use a server with the default body cap.
     assert_eq!(r.status, 413);
     let srv2 = Server::start(&["--ctx", "2048"]);
-    let r = srv2.post("/v1/completions", &json!({"prompt": long_prompt(200), "max_tokens": 1}));
+    let r = srv2.post(
+        "/v1/completions",
+        &json!({"prompt": long_prompt(200), "max_tokens": 1}),
+    );
     assert_eq!(r.status, 400);
-    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    let msg = r.body_json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
     assert!(msg.contains("2048") && msg.contains("tokens"), "{msg}");
-    let prompt_tokens: String = msg.chars().skip_while(|c| !c.is_ascii_digit()).take_while(char::is_ascii_digit).collect();
+    let prompt_tokens: String = msg
+        .chars()
+        .skip_while(|c| !c.is_ascii_digit())
+        .take_while(char::is_ascii_digit)
+        .collect();
     assert!(prompt_tokens.parse::<usize>().unwrap() > 2048, "{msg}");
     // max_tokens that would overflow the context is refused too.
-    let r = srv2.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 5000}));
+    let r = srv2.post(
+        "/v1/completions",
+        &json!({"prompt": "Hi", "max_tokens": 5000}),
+    );
     assert_eq!(r.status, 400);
-    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+    assert_eq!(r.body_json()["error"]["code"], "context_length_exceeded");
 
     // Still serving.
     assert_eq!(request(srv.addr, "GET", "/health", None, &[]).status, 200);
-    let ok = srv.post("/v1/chat/completions", &chat("Hi", json!({"max_tokens": 4})));
+    let ok = srv.post(
+        "/v1/chat/completions",
+        &chat("Hi", json!({"max_tokens": 4})),
+    );
     assert_eq!(ok.status, 200);
     assert!(srv.metric("sluice_requests_rejected_total{reason=\"invalid\"}") >= 11.0);
 }
@@ -172,14 +327,24 @@ fn bad_requests_get_a_json_4xx_and_the_server_keeps_serving() {
 #[test]
 fn models_health_and_metrics_endpoints() {
     let srv = Server::start(&[]);
-    let models = request(srv.addr, "GET", "/v1/models", None, &[]).json();
+    let models = request(srv.addr, "GET", "/v1/models", None, &[]).body_json();
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "SmolLM2-135M-Instruct.Q4_1");
     let health = request(srv.addr, "GET", "/health", None, &[]);
     assert_eq!(health.status, 200);
-    assert_eq!(health.json()["status"], "ok");
-    srv.post("/v1/chat/completions", &chat("Hi", json!({"max_tokens": 3})));
+    assert_eq!(health.body_json()["status"], "ok");
+    srv.post(
+        "/v1/chat/completions",
+        &chat("Hi", json!({"max_tokens": 3})),
+    );
     assert_eq!(srv.metric("sluice_requests_completed_total"), 1.0);
     assert_eq!(srv.metric("sluice_requests_accepted_total"), 1.0);
     assert_eq!(srv.metric("sluice_kv_cells_reserved"), 0.0);
+    // One log line per request, with its outcome and token counts.
+    let log = srv.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("POST /v1/chat/completions 200"))
+        .unwrap_or_else(|| panic!("no request line in the log:\n{log}"));
+    assert!(line.contains("completion=3"), "{line}");
 }

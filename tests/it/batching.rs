@@ -32,10 +32,21 @@ struct Scored {
 
 fn scored(v: &Value) -> Scored {
     let lp = &v["choices"][0]["logprobs"];
-    let arr = |k: &str| lp[k].as_array().unwrap_or_else(|| panic!("no logprobs.{k} in {v}")).clone();
+    let arr = |k: &str| {
+        lp[k]
+            .as_array()
+            .unwrap_or_else(|| panic!("no logprobs.{k} in {v}"))
+            .clone()
+    };
     Scored {
-        token_ids: arr("token_ids").iter().map(|t| t.as_i64().unwrap()).collect(),
-        texts: arr("tokens").iter().map(|t| t.as_str().unwrap().to_string()).collect(),
+        token_ids: arr("token_ids")
+            .iter()
+            .map(|t| t.as_i64().unwrap())
+            .collect(),
+        texts: arr("tokens")
+            .iter()
+            .map(|t| t.as_str().unwrap().to_string())
+            .collect(),
         logprobs: arr("token_logprobs").iter().map(Value::as_f64).collect(),
         top1: arr("top_logprobs")
             .iter()
@@ -54,7 +65,10 @@ fn scored(v: &Value) -> Scored {
 /// Compares positions `from..` of two scorings of the same tokens.
 /// Returns (top-1 agreement, max |Δ logprob|).
 fn compare(a: &Scored, b: &Scored, from: usize) -> (f64, f64) {
-    assert_eq!(a.token_ids, b.token_ids, "the two runs scored different tokens");
+    assert_eq!(
+        a.token_ids, b.token_ids,
+        "the two runs scored different tokens"
+    );
     let mut agree = 0;
     let mut n = 0;
     let mut delta_max: f64 = 0.0;
@@ -74,7 +88,11 @@ fn compare(a: &Scored, b: &Scored, from: usize) -> (f64, f64) {
 
 /// A stream that is read continuously in its own thread until `stop` is set,
 /// so that it keeps decoding (an unread stream would pause).
-fn background_stream(addr: std::net::SocketAddr, prompt: &str, stop: Arc<AtomicBool>) -> (std::thread::JoinHandle<usize>, Arc<AtomicUsize>) {
+fn background_stream(
+    addr: std::net::SocketAddr,
+    prompt: &str,
+    stop: Arc<AtomicBool>,
+) -> (std::thread::JoinHandle<usize>, Arc<AtomicUsize>) {
     let received = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&received);
     let body = json!({
@@ -87,7 +105,10 @@ fn background_stream(addr: std::net::SocketAddr, prompt: &str, stop: Arc<AtomicB
         while !stop.load(Ordering::Relaxed) {
             match sse.next_json() {
                 Some(v) => {
-                    assert!(v["choices"][0]["finish_reason"].is_null(), "background stream ended early: {v}");
+                    assert!(
+                        v["choices"][0]["finish_reason"].is_null(),
+                        "background stream ended early: {v}"
+                    );
                     count.fetch_add(1, Ordering::Relaxed);
                 }
                 None => panic!("background stream ended early"),
@@ -114,28 +135,37 @@ fn teacher_forcing_a_sequence_among_three_others_keeps_its_logits() {
             &json!({"prompt": "The history of the printing press begins", "temperature": 0,
                     "max_tokens": n_gen, "ignore_eos": true, "logprobs": 1, "echo": true}),
         )
-        .json();
+        .body_json();
     let alone = scored(&alone);
     let n_prompt = alone.token_ids.len() - n_gen;
 
     // Three other sequences decoding while the same tokens are replayed.
     let stop = Arc::new(AtomicBool::new(false));
-    let others: Vec<_> = ["Write a poem about the sea.", "List the planets:", "def fibonacci(n):"]
-        .iter()
-        .map(|p| background_stream(srv.addr, p, Arc::clone(&stop)))
-        .collect();
-    wait_until(Duration::from_secs(120), "the three streams to decode", || {
-        others.iter().all(|(_, n)| n.load(Ordering::Relaxed) >= 2)
-    });
+    let others: Vec<_> = [
+        "Write a poem about the sea.",
+        "List the planets:",
+        "def fibonacci(n):",
+    ]
+    .iter()
+    .map(|p| background_stream(srv.addr, p, Arc::clone(&stop)))
+    .collect();
+    wait_until(
+        Duration::from_secs(120),
+        "the three streams to decode",
+        || others.iter().all(|(_, n)| n.load(Ordering::Relaxed) >= 2),
+    );
     let mixed_before = srv.metric("sluice_steps_mixed_total");
     let replay = srv
         .post(
             "/v1/completions",
             &json!({"prompt": alone.token_ids, "temperature": 0, "max_tokens": 0, "logprobs": 1, "echo": true}),
         )
-        .json();
+        .body_json();
     let mixed_after = srv.metric("sluice_steps_mixed_total");
-    let still_running: Vec<usize> = others.iter().map(|(_, n)| n.load(Ordering::Relaxed)).collect();
+    let still_running: Vec<usize> = others
+        .iter()
+        .map(|(_, n)| n.load(Ordering::Relaxed))
+        .collect();
     stop.store(true, Ordering::Relaxed);
     for (h, _) in others {
         h.join().expect("background stream");
@@ -155,8 +185,14 @@ fn teacher_forcing_a_sequence_among_three_others_keeps_its_logits() {
 
     let (agreement, delta_max) = compare(&alone, &replay, n_prompt);
     eprintln!("teacher forcing: top-1 agreement {agreement:.3}, max |Δ logprob| {delta_max:.4} over {n_gen} generated positions");
-    assert!(agreement >= TOP1_AGREEMENT_MIN, "top-1 agreement {agreement}");
-    assert!(delta_max <= LOGPROB_DELTA_MAX, "max |Δ logprob| {delta_max}");
+    assert!(
+        agreement >= TOP1_AGREEMENT_MIN,
+        "top-1 agreement {agreement}"
+    );
+    assert!(
+        delta_max <= LOGPROB_DELTA_MAX,
+        "max |Δ logprob| {delta_max}"
+    );
     // Greedy: every generated token alone was its position's top-1.
     for i in n_prompt..len {
         assert_eq!(alone.top1[i].as_deref(), Some(alone.texts[i].as_str()));
@@ -170,7 +206,7 @@ fn score_long_prompt(step_tokens: &str, prompt: &str) -> Scored {
         &json!({"prompt": prompt, "max_tokens": 0, "logprobs": 1, "echo": true}),
     );
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    scored(&r.json())
+    scored(&r.body_json())
 }
 
 #[test]
@@ -178,14 +214,24 @@ fn a_long_prompt_scores_the_same_in_64_and_512_token_chunks() {
     let prompt = long_prompt(300);
     let small = score_long_prompt("64", &prompt);
     let large = score_long_prompt("512", &prompt);
-    assert!(small.token_ids.len() > 5_500, "prompt has {} tokens", small.token_ids.len());
+    assert!(
+        small.token_ids.len() > 5_500,
+        "prompt has {} tokens",
+        small.token_ids.len()
+    );
     let (agreement, delta_max) = compare(&small, &large, 1);
     eprintln!(
         "chunking: top-1 agreement {agreement:.4}, max |Δ logprob| {delta_max:.4} over {} positions",
         small.token_ids.len() - 1
     );
-    assert!(agreement >= TOP1_AGREEMENT_MIN, "top-1 agreement {agreement}");
-    assert!(delta_max <= LOGPROB_DELTA_MAX, "max |Δ logprob| {delta_max}");
+    assert!(
+        agreement >= TOP1_AGREEMENT_MIN,
+        "top-1 agreement {agreement}"
+    );
+    assert!(
+        delta_max <= LOGPROB_DELTA_MAX,
+        "max |Δ logprob| {delta_max}"
+    );
 }
 
 #[test]
@@ -225,8 +271,14 @@ fn a_short_stream_keeps_receiving_tokens_while_a_long_prompt_is_prefilled() {
     long.join().expect("long stream");
 
     let order = order.lock().unwrap();
-    let first_long = order.iter().position(|&s| s == "long").expect("the long request produced tokens");
-    let short_before = order[..first_long].iter().filter(|&&s| s == "short").count();
+    let first_long = order
+        .iter()
+        .position(|&s| s == "long")
+        .expect("the long request produced tokens");
+    let short_before = order[..first_long]
+        .iter()
+        .filter(|&&s| s == "short")
+        .count();
     assert_eq!(
         short_before, n_short,
         "the short stream got {short_before} of its {n_short} tokens before the long prompt's first token"

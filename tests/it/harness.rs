@@ -1,24 +1,28 @@
 //! Drives the real `sluice` binary over real sockets.
 //!
-//! The HTTP client is a few dozen lines over `TcpStream` on purpose: the tests
-//! need to read a stream event by event, hold idle connections, and see exactly
-//! what the server framed (chunk sizes, headers), which a client library hides.
+//! HTTP goes through `sluice_bench::http`, the load harness's raw-socket client:
+//! the tests need to read a stream event by event, hold idle connections and see
+//! exactly what the server framed. Here its errors become test failures.
 
 use serde_json::Value;
-use std::io::{BufRead, BufReader, Write};
+use sluice_bench::http;
+use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+pub use sluice_bench::http::Response;
+
 /// How long a test waits for the server to come up (model load + context).
 const STARTUP_WAIT_S: u64 = 60;
-/// Socket read timeout: generous, since a 6k-token prefill takes a minute here.
-const READ_TIMEOUT_S: u64 = 600;
+/// Socket timeout: generous, since a 6k-token prefill takes a minute or more here.
+const SOCKET_TIMEOUT: Duration = Duration::from_secs(900);
 
 pub fn model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
         p.exists(),
         "the default model is missing: run models/fetch first ({})",
@@ -34,17 +38,16 @@ pub fn binary() -> &'static str {
 pub struct Server {
     child: Child,
     pub addr: SocketAddr,
-    pub log: Arc<Mutex<String>>,
+    log: Arc<Mutex<String>>,
 }
 
 impl Server {
     /// Starts `sluice serve` on a free port with the default model and `args`.
     pub fn start(args: &[&str]) -> Server {
-        let model = model_path();
         let mut child = Command::new(binary())
             .arg("serve")
             .arg("--model")
-            .arg(&model)
+            .arg(model_path())
             .args(["--port", "0"])
             .args(args)
             .stdout(Stdio::null())
@@ -57,14 +60,10 @@ impl Server {
         {
             let log = Arc::clone(&log);
             std::thread::spawn(move || {
-                let mut sent = false;
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if !sent {
-                        if let Some(addr) = line.strip_prefix("sluice: listening on http://") {
-                            let _ = tx.send(addr.trim().parse().expect("listen address"));
-                            sent = true;
-                        }
+                    if let Some(addr) = line.strip_prefix("sluice: listening on http://") {
+                        let _ = tx.try_send(addr.trim().parse().expect("listen address"));
                     }
                     let mut l = log.lock().unwrap();
                     l.push_str(&line);
@@ -72,12 +71,9 @@ impl Server {
                 }
             });
         }
-        let addr = match rx.recv_timeout(Duration::from_secs(STARTUP_WAIT_S)) {
-            Ok(a) => a,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("sluice did not start; log:\n{}", log.lock().unwrap());
-            }
+        let Ok(addr) = rx.recv_timeout(Duration::from_secs(STARTUP_WAIT_S)) else {
+            let _ = child.kill();
+            panic!("sluice did not start; log:\n{}", log.lock().unwrap());
         };
         Server { child, addr, log }
     }
@@ -86,20 +82,30 @@ impl Server {
         self.child.id()
     }
 
+    /// What the server has written to stderr so far.
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
     pub fn metrics(&self) -> String {
         let r = request(self.addr, "GET", "/metrics", None, &[]);
         assert_eq!(r.status, 200);
         String::from_utf8(r.body).expect("metrics are UTF-8")
     }
 
-    /// The value of an unlabelled or labelled metric line, e.g.
-    /// `sluice_requests_cancelled_total{reason="disconnect"}`.
+    /// The value of a metric line, e.g. `sluice_requests_cancelled_total{reason="disconnect"}`.
     pub fn metric(&self, name: &str) -> f64 {
         metric_value(&self.metrics(), name)
     }
 
     pub fn post(&self, path: &str, body: &Value) -> Response {
-        request(self.addr, "POST", path, Some(body.to_string().as_bytes()), &[("Content-Type", "application/json")])
+        request(
+            self.addr,
+            "POST",
+            path,
+            Some(body.to_string().as_bytes()),
+            &[("Content-Type", "application/json")],
+        )
     }
 }
 
@@ -119,175 +125,66 @@ pub fn metric_value(text: &str, name: &str) -> f64 {
         .expect("metric value")
 }
 
-#[derive(Debug)]
-pub struct Response {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
+/// A response body that must be JSON.
+pub trait BodyJson {
+    fn body_json(&self) -> Value;
 }
 
-impl Response {
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
-    }
-
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
+impl BodyJson for Response {
+    fn body_json(&self) -> Value {
+        self.json().unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 }
 
 pub fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(READ_TIMEOUT_S))).unwrap();
-    s.set_nodelay(true).unwrap();
-    s
+    http::connect(addr, SOCKET_TIMEOUT).expect("connect")
 }
 
-fn write_request(s: &mut TcpStream, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n");
-    for (k, v) in headers {
-        head.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if let Some(b) = body {
-        head.push_str(&format!("Content-Length: {}\r\n", b.len()));
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).unwrap();
-    if let Some(b) = body {
-        s.write_all(b).unwrap();
-    }
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+) -> Response {
+    http::request(addr, method, path, body, headers, SOCKET_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
-pub fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> Response {
-    let mut s = connect(addr);
-    write_request(&mut s, method, path, body, headers);
-    let mut r = BufReader::new(s);
-    let (status, headers) = read_head(&mut r);
-    let body = read_body(&mut r, &headers);
-    Response { status, headers, body }
-}
-
-fn read_head(r: &mut impl BufRead) -> (u16, Vec<(String, String)>) {
-    let mut line = String::new();
-    r.read_line(&mut line).expect("status line");
-    let status: u16 = line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or_else(|| panic!("bad status line {line:?}"))
-        .parse()
-        .unwrap();
-    let mut headers = Vec::new();
-    loop {
-        line.clear();
-        r.read_line(&mut line).expect("header line");
-        let l = line.trim_end();
-        if l.is_empty() {
-            break;
-        }
-        let (k, v) = l.split_once(':').expect("header");
-        headers.push((k.trim().to_string(), v.trim().to_string()));
-    }
-    (status, headers)
-}
-
-fn is_chunked(headers: &[(String, String)]) -> bool {
-    headers
-        .iter()
-        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.eq_ignore_ascii_case("chunked"))
-}
-
-fn read_body(r: &mut impl BufRead, headers: &[(String, String)]) -> Vec<u8> {
-    let mut body = Vec::new();
-    if is_chunked(headers) {
-        while let Some(chunk) = read_chunk(r) {
-            body.extend(chunk);
-        }
-    } else if let Some((_, n)) = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case("content-length")) {
-        body.resize(n.parse().unwrap(), 0);
-        r.read_exact(&mut body).unwrap();
-    } else {
-        r.read_to_end(&mut body).unwrap();
-    }
-    body
-}
-
-/// Reads one chunk of a chunked body; `None` at the final zero-length chunk.
-fn read_chunk(r: &mut impl BufRead) -> Option<Vec<u8>> {
-    let mut line = String::new();
-    r.read_line(&mut line).ok()?;
-    let size = usize::from_str_radix(line.trim(), 16).unwrap_or_else(|_| panic!("bad chunk size line {line:?}"));
-    let mut data = vec![0; size];
-    r.read_exact(&mut data).unwrap();
-    let mut crlf = [0; 2];
-    r.read_exact(&mut crlf).unwrap();
-    assert_eq!(&crlf, b"\r\n", "chunk not followed by CRLF");
-    (size > 0).then_some(data)
-}
-
-/// A streaming response read event by event.
+/// A streaming response read event by event; protocol errors fail the test.
 pub struct Sse {
-    reader: BufReader<TcpStream>,
+    inner: http::Sse,
     pub status: u16,
-    pending: Vec<u8>,
-    finished: bool,
 }
 
 impl Sse {
     pub fn open(addr: SocketAddr, path: &str, body: &Value) -> Sse {
-        let mut s = connect(addr);
-        write_request(&mut s, "POST", path, Some(body.to_string().as_bytes()), &[("Content-Type", "application/json")]);
-        let mut reader = BufReader::new(s);
-        let (status, headers) = read_head(&mut reader);
+        let inner = http::Sse::open(addr, path, body.to_string().as_bytes(), SOCKET_TIMEOUT)
+            .expect("open stream");
+        let status = inner.status;
         if status == 200 {
-            assert!(is_chunked(&headers), "SSE must be chunked: {headers:?}");
+            assert!(
+                http::is_chunked(&inner.headers),
+                "SSE must be chunked: {:?}",
+                inner.headers
+            );
         }
-        Sse {
-            reader,
-            status,
-            pending: Vec::new(),
-            finished: status != 200,
-        }
+        Sse { inner, status }
     }
 
     /// The next event's data (`[DONE]` included); `None` when the body ended.
     pub fn next_data(&mut self) -> Option<String> {
-        loop {
-            if let Some(end) = self.pending.windows(2).position(|w| w == b"\n\n") {
-                let event: Vec<u8> = self.pending.drain(..end + 2).collect();
-                let text = String::from_utf8(event).expect("SSE event is UTF-8");
-                let data = text
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data: "))
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                return Some(data);
-            }
-            if self.finished {
-                assert!(self.pending.is_empty(), "trailing bytes in SSE body");
-                return None;
-            }
-            match read_chunk(&mut self.reader) {
-                Some(c) => self.pending.extend(c),
-                None => self.finished = true,
-            }
-        }
+        self.inner.next_data().expect("well-formed event stream")
     }
 
     /// The next event parsed as JSON; `None` at `[DONE]` or the end.
     pub fn next_json(&mut self) -> Option<Value> {
-        let data = self.next_data()?;
-        if data == "[DONE]" {
-            return None;
-        }
-        Some(serde_json::from_str(&data).unwrap_or_else(|e| panic!("event is not JSON ({e}): {data}")))
-    }
-
-    pub fn into_stream(self) -> TcpStream {
-        self.reader.into_inner()
+        self.inner.next_json().expect("well-formed JSON event")
     }
 }
 
@@ -323,7 +220,9 @@ pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
 
 /// A long, varied prompt of about `lines * 20` tokens.
 pub fn long_prompt(lines: usize) -> String {
-    let animals = ["fox", "cat", "owl", "horse", "otter", "crow", "lynx", "mole"];
+    let animals = [
+        "fox", "cat", "owl", "horse", "otter", "crow", "lynx", "mole",
+    ];
     let colors = ["red", "blue", "green", "amber", "grey", "violet"];
     (0..lines)
         .map(|i| {

@@ -8,7 +8,10 @@ fn version_reports_commit_and_cpu_features() {
     let out = Command::new(binary()).arg("--version").output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    assert!(text.starts_with(&format!("sluice {}", env!("CARGO_PKG_VERSION"))), "{text}");
+    assert!(
+        text.starts_with(&format!("sluice {}", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
     assert!(text.contains("commit: "), "{text}");
     assert!(text.contains("llama.cpp: CPU :"), "{text}");
 }
@@ -20,7 +23,12 @@ fn serve_fails(model: &std::path::Path) -> String {
         .output()
         .unwrap();
     // Exit code 1: a clear error, not a signal from an abort or a crash.
-    assert_eq!(out.status.code(), Some(1), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
@@ -30,7 +38,10 @@ fn a_bad_model_file_is_a_clear_error_not_a_crash() {
     std::fs::create_dir_all(&dir).unwrap();
 
     let err = serve_fails(&dir.join("missing.gguf"));
-    assert!(err.contains("missing.gguf") && err.contains("No such file"), "{err}");
+    assert!(
+        err.contains("missing.gguf") && err.contains("No such file"),
+        "{err}"
+    );
 
     let text = dir.join("notes.gguf");
     std::fs::write(&text, "this is not a model\n".repeat(100)).unwrap();

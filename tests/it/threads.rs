@@ -13,7 +13,11 @@ fn thread_counts(pid: u32) -> BTreeMap<String, usize> {
     for entry in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
         let comm = std::fs::read_to_string(entry.unwrap().path().join("comm")).unwrap_or_default();
         let comm = comm.trim();
-        let key = if comm.starts_with("sluice-http-") { "sluice-http-*".to_string() } else { comm.to_string() };
+        let key = if comm.starts_with("sluice-http-") {
+            "sluice-http-*".to_string()
+        } else {
+            comm.to_string()
+        };
         *counts.entry(key).or_default() += 1;
     }
     counts
@@ -22,7 +26,11 @@ fn thread_counts(pid: u32) -> BTreeMap<String, usize> {
 fn usable_cores() -> usize {
     let mask = core_affinity::get_core_ids().map_or(0, |ids| ids.len());
     let quota = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if mask == 0 { quota } else { mask.min(quota) }
+    if mask == 0 {
+        quota
+    } else {
+        mask.min(quota)
+    }
 }
 
 #[test]
@@ -45,9 +53,17 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
     let idle_conns: Vec<TcpStream> = (0..20).map(|_| connect(srv.addr)).collect();
     // Every connection gets its own thread (with tiny_http's task pool as
     // patched in vendor/tiny_http; upstream left a burst queued behind idle ones).
-    wait_until(Duration::from_secs(30), "every connection to get its thread", || {
-        thread_counts(srv.pid()).get("sluice-conn").copied().unwrap_or(0) > 20
-    });
+    wait_until(
+        Duration::from_secs(30),
+        "every connection to get its thread",
+        || {
+            thread_counts(srv.pid())
+                .get("sluice-conn")
+                .copied()
+                .unwrap_or(0)
+                > 20
+        },
+    );
     assert_eq!(srv.metric("sluice_sequences_active"), 4.0);
     let loaded = thread_counts(srv.pid());
 
@@ -55,22 +71,50 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
         let engine = counts.get("sluice-engine").copied().unwrap_or(0);
         let ggml = counts.get("sluice-ggml").copied().unwrap_or(0);
         assert_eq!(engine, 1, "{counts:?}");
-        assert_eq!(engine + ggml, cores, "compute threads must equal the {cores} usable cores: {counts:?}");
-        assert_eq!(counts.get("sluice-http-*"), Some(&16), "parallel 4 + queue 8 + 4 spare: {counts:?}");
+        assert_eq!(
+            engine + ggml,
+            cores,
+            "compute threads must equal the {cores} usable cores: {counts:?}"
+        );
+        assert_eq!(
+            counts.get("sluice-http-*"),
+            Some(&16),
+            "parallel 4 + queue 8 + 4 spare: {counts:?}"
+        );
         assert_eq!(counts.get("sluice-main"), Some(&1), "{counts:?}");
-        let known = ["sluice-engine", "sluice-ggml", "sluice-http-*", "sluice-main", "sluice-conn"];
-        assert!(counts.keys().all(|k| known.contains(&k.as_str())), "unnamed or unknown threads: {counts:?}");
+        let known = [
+            "sluice-engine",
+            "sluice-ggml",
+            "sluice-http-*",
+            "sluice-main",
+            "sluice-conn",
+        ];
+        assert!(
+            counts.keys().all(|k| known.contains(&k.as_str())),
+            "unnamed or unknown threads: {counts:?}"
+        );
     }
     assert_eq!(srv.metric("sluice_compute_threads"), cores as f64);
     // Only the connection threads grew: one per open keep-alive connection (the
     // 20 idle ones; the streams asked for `Connection: close`, so their reading
     // thread is released once the handler owns the writer), plus the accept thread.
-    for key in ["sluice-engine", "sluice-ggml", "sluice-http-*", "sluice-main"] {
+    for key in [
+        "sluice-engine",
+        "sluice-ggml",
+        "sluice-http-*",
+        "sluice-main",
+    ] {
         assert_eq!(idle.get(key), loaded.get(key), "{key} changed under load");
     }
     let conn = loaded["sluice-conn"];
-    assert!((21..=1 + 4 + 24 + 2).contains(&conn), "sluice-conn threads: {conn}");
-    assert!(conn > idle["sluice-conn"], "connection threads did not grow: {idle:?} -> {loaded:?}");
+    assert!(
+        (21..=1 + 4 + 24 + 2).contains(&conn),
+        "sluice-conn threads: {conn}"
+    );
+    assert!(
+        conn > idle["sluice-conn"],
+        "connection threads did not grow: {idle:?} -> {loaded:?}"
+    );
     drop(idle_conns);
     drop(streams);
 }
