@@ -314,6 +314,21 @@ fn bad_requests_get_a_json_4xx_and_the_server_keeps_serving() {
     assert_eq!(r.status, 400);
     assert_eq!(r.body_json()["error"]["code"], "context_length_exceeded");
 
+    // A huge declared body is refused from Content-Length alone. (tiny_http used
+    // to allocate the declared size to drain it: 100 GB here, which aborts.)
+    {
+        use std::io::Write;
+        let mut s = connect(srv.addr);
+        s.write_all(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+              Content-Length: 100000000000\r\n\r\n{\"messages\":",
+        )
+        .unwrap();
+        let mut r = std::io::BufReader::new(s);
+        let (status, _) = sluice_bench::http::read_head(&mut r).unwrap();
+        assert_eq!(status, 413);
+    }
+
     // Still serving.
     assert_eq!(request(srv.addr, "GET", "/health", None, &[]).status, 200);
     let ok = srv.post(

@@ -17,10 +17,15 @@ use std::time::Duration;
 
 /// Share of positions whose top-1 token must agree.
 const TOP1_AGREEMENT_MIN: f64 = 0.95;
-/// Largest |Δ log-probability| of the forced token allowed at any position.
-/// Measured on this machine: see each test's comment for the observed maxima.
-/// Misplaced KV or logits give differences of several nats.
-const LOGPROB_DELTA_MAX: f64 = 0.5;
+/// Largest |Δ log-probability| of the forced token allowed at any position, and
+/// the largest mean over all positions. Measured on this machine (SmolLM2 Q4_1,
+/// AVX-512): teacher forcing among three others, max 0.0000 (bit-identical: Q4_1
+/// matmuls and flash attention compute each row on its own); 64- vs 512-token
+/// chunks over 5,935 positions, max 0.29 at a near-tie, mean under 0.01. A
+/// misplaced position, sequence id, KV cell or logits row shifts many positions
+/// by whole nats, so these bounds separate bugs from rounding with room to spare.
+const LOGPROB_DELTA_MAX: f64 = 1.0;
+const LOGPROB_DELTA_MEAN_MAX: f64 = 0.05;
 
 struct Scored {
     token_ids: Vec<i64>,
@@ -62,9 +67,39 @@ fn scored(v: &Value) -> Scored {
     }
 }
 
+struct Agreement {
+    top1: f64,
+    delta_max: f64,
+    delta_mean: f64,
+    positions: usize,
+}
+
+impl Agreement {
+    fn check(&self, what: &str) {
+        eprintln!(
+            "{what}: top-1 agreement {:.4}, |Δ logprob| max {:.4}, mean {:.5}, over {} positions",
+            self.top1, self.delta_max, self.delta_mean, self.positions
+        );
+        assert!(
+            self.top1 >= TOP1_AGREEMENT_MIN,
+            "{what}: top-1 agreement {}",
+            self.top1
+        );
+        assert!(
+            self.delta_max <= LOGPROB_DELTA_MAX,
+            "{what}: max |Δ logprob| {}",
+            self.delta_max
+        );
+        assert!(
+            self.delta_mean <= LOGPROB_DELTA_MEAN_MAX,
+            "{what}: mean |Δ logprob| {}",
+            self.delta_mean
+        );
+    }
+}
+
 /// Compares positions `from..` of two scorings of the same tokens.
-/// Returns (top-1 agreement, max |Δ logprob|).
-fn compare(a: &Scored, b: &Scored, from: usize) -> (f64, f64) {
+fn compare(a: &Scored, b: &Scored, from: usize) -> Agreement {
     assert_eq!(
         a.token_ids, b.token_ids,
         "the two runs scored different tokens"
@@ -72,6 +107,7 @@ fn compare(a: &Scored, b: &Scored, from: usize) -> (f64, f64) {
     let mut agree = 0;
     let mut n = 0;
     let mut delta_max: f64 = 0.0;
+    let mut delta_sum = 0.0;
     for i in from..a.token_ids.len() {
         let (Some(la), Some(lb)) = (a.logprobs[i], b.logprobs[i]) else {
             continue;
@@ -81,9 +117,15 @@ fn compare(a: &Scored, b: &Scored, from: usize) -> (f64, f64) {
             agree += 1;
         }
         delta_max = delta_max.max((la - lb).abs());
+        delta_sum += (la - lb).abs();
     }
     assert!(n > 0);
-    (agree as f64 / n as f64, delta_max)
+    Agreement {
+        top1: agree as f64 / n as f64,
+        delta_max,
+        delta_mean: delta_sum / n as f64,
+        positions: n,
+    }
 }
 
 /// A stream that is read continuously in its own thread until `stop` is set,
@@ -183,16 +225,7 @@ fn teacher_forcing_a_sequence_among_three_others_keeps_its_logits() {
         mixed_after - mixed_before
     );
 
-    let (agreement, delta_max) = compare(&alone, &replay, n_prompt);
-    eprintln!("teacher forcing: top-1 agreement {agreement:.3}, max |Δ logprob| {delta_max:.4} over {n_gen} generated positions");
-    assert!(
-        agreement >= TOP1_AGREEMENT_MIN,
-        "top-1 agreement {agreement}"
-    );
-    assert!(
-        delta_max <= LOGPROB_DELTA_MAX,
-        "max |Δ logprob| {delta_max}"
-    );
+    compare(&alone, &replay, n_prompt).check("teacher forcing");
     // Greedy: every generated token alone was its position's top-1.
     for i in n_prompt..len {
         assert_eq!(alone.top1[i].as_deref(), Some(alone.texts[i].as_str()));
@@ -219,19 +252,7 @@ fn a_long_prompt_scores_the_same_in_64_and_512_token_chunks() {
         "prompt has {} tokens",
         small.token_ids.len()
     );
-    let (agreement, delta_max) = compare(&small, &large, 1);
-    eprintln!(
-        "chunking: top-1 agreement {agreement:.4}, max |Δ logprob| {delta_max:.4} over {} positions",
-        small.token_ids.len() - 1
-    );
-    assert!(
-        agreement >= TOP1_AGREEMENT_MIN,
-        "top-1 agreement {agreement}"
-    );
-    assert!(
-        delta_max <= LOGPROB_DELTA_MAX,
-        "max |Δ logprob| {delta_max}"
-    );
+    compare(&small, &large, 1).check("chunking");
 }
 
 #[test]

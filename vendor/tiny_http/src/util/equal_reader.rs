@@ -3,6 +3,9 @@ use std::io::Result as IoResult;
 use std::sync::mpsc::channel;
 use std::sync::mpsc::{Receiver, Sender};
 
+/// Buffer used to read and discard an unread body (sluice patch).
+const DRAIN_BUFFER_BYTES: usize = 64 * 1024;
+
 /// A `Reader` that reads exactly the number of bytes from a sub-reader.
 ///
 /// If the limit is reached, it returns EOF. If the limit is not reached
@@ -65,11 +68,16 @@ where
 {
     fn drop(&mut self) {
         let mut remaining_to_read = self.size;
+        // sluice patch: drain through a fixed buffer. Upstream allocated the whole
+        // remaining declared length at once, so one request declaring a huge
+        // Content-Length made the server allocate that much when it was refused.
+        let mut buf = vec![0; remaining_to_read.min(DRAIN_BUFFER_BYTES)];
 
         while remaining_to_read > 0 {
-            let mut buf = vec![0; remaining_to_read];
+            let want = remaining_to_read.min(buf.len());
+            let buf = &mut buf[..want];
 
-            match self.reader.read(&mut buf) {
+            match self.reader.read(buf) {
                 Err(e) => {
                     self.last_read_signal.send(Err(e)).ok();
                     break;
