@@ -534,9 +534,12 @@ pub struct SamplingParams {
     pub seed: u32,
 }
 
-/// A llama.cpp sampler chain for one sequence.
-pub struct Sampler {
-    ptr: NonNull<sys::llama_sampler>,
+/// How one sequence picks its next token: greedy in Rust (an argmax over the
+/// logits row; llama.cpp's greedy sampler first builds a candidate array of the
+/// whole vocabulary every step), otherwise a llama.cpp sampler chain.
+pub enum Sampler {
+    Greedy,
+    Chain(NonNull<sys::llama_sampler>),
 }
 
 // SAFETY: a sampler chain is plain state owned by one sequence on the engine thread.
@@ -544,39 +547,43 @@ unsafe impl Send for Sampler {}
 
 impl Sampler {
     pub fn new(p: &SamplingParams) -> Sampler {
+        if p.temperature <= 0.0 {
+            return Sampler::Greedy;
+        }
         unsafe {
             let chain = sys::llama_sampler_chain_init(sys::llama_sampler_chain_default_params());
-            if p.temperature <= 0.0 {
-                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_greedy());
-            } else {
-                if p.top_k > 0 {
-                    sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_top_k(p.top_k));
-                }
-                if p.top_p < 1.0 {
-                    sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_top_p(p.top_p, 1));
-                }
-                if p.min_p > 0.0 {
-                    sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_min_p(p.min_p, 1));
-                }
-                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_temp(p.temperature));
-                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_dist(p.seed));
+            if p.top_k > 0 {
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_top_k(p.top_k));
             }
-            Sampler {
-                ptr: NonNull::new(chain).expect("llama_sampler_chain_init returned NULL"),
+            if p.top_p < 1.0 {
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_top_p(p.top_p, 1));
             }
+            if p.min_p > 0.0 {
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_min_p(p.min_p, 1));
+            }
+            sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_temp(p.temperature));
+            sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_dist(p.seed));
+            Sampler::Chain(NonNull::new(chain).expect("llama_sampler_chain_init returned NULL"))
         }
     }
 
     /// Samples from the logits of batch entry `i` of the last decode, and records
     /// the choice in the chain's state.
     pub fn sample(&mut self, ctx: &mut Context, batch: &Batch, i: usize) -> Token {
-        assert!(batch.wants_logits(i), "sampling entry {i} without logits");
-        unsafe { sys::llama_sampler_sample(self.ptr.as_ptr(), ctx.ptr.as_ptr(), i as i32) }
+        match self {
+            Sampler::Greedy => super::logprobs::argmax(ctx.logits(batch, i)),
+            Sampler::Chain(chain) => {
+                assert!(batch.wants_logits(i), "sampling entry {i} without logits");
+                unsafe { sys::llama_sampler_sample(chain.as_ptr(), ctx.ptr.as_ptr(), i as i32) }
+            }
+        }
     }
 }
 
 impl Drop for Sampler {
     fn drop(&mut self) {
-        unsafe { sys::llama_sampler_free(self.ptr.as_ptr()) }
+        if let Sampler::Chain(chain) = self {
+            unsafe { sys::llama_sampler_free(chain.as_ptr()) }
+        }
     }
 }

@@ -1,7 +1,19 @@
-//! Log-probabilities from raw logits: log-softmax of chosen tokens and the top-n.
+//! Pure functions over a logits row: greedy choice, log-softmax and the top-n.
 
 /// Most alternatives a request may ask for per position.
 pub const TOP_LOGPROBS_MAX: usize = 20;
+
+/// The index of the largest logit (greedy sampling); the lowest index wins a
+/// tie, as in llama.cpp's greedy sampler.
+pub fn argmax(logits: &[f32]) -> i32 {
+    let mut best = 0;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] {
+            best = i;
+        }
+    }
+    best as i32
+}
 
 /// A position's distribution, summarised.
 #[derive(Debug, Clone, PartialEq)]
@@ -64,6 +76,12 @@ mod tests {
         let logits = [1000.0f32, 1000.0];
         let s = summarize(&logits, 1);
         assert!((s.top[0].1 - (0.5f32).ln()).abs() < 1e-5);
+    }
+
+    #[test]
+    fn argmax_takes_the_first_of_equal_maxima() {
+        assert_eq!(argmax(&[0.0, 2.0, -1.0, 2.0]), 1);
+        assert_eq!(argmax(&[f32::NEG_INFINITY, -3.0]), 1);
     }
 
     #[test]
