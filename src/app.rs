@@ -9,7 +9,7 @@ use crate::metrics::Metrics;
 use crate::prompt::{Prompter, Template};
 use crossbeam_channel::bounded;
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -54,7 +54,6 @@ fn serve(cfg: Config) -> Result<(), String> {
 
     // The engine thread creates the context: ggml pins the creating thread as its
     // worker 0, and the workers it starts inherit the name the thread has then.
-    let shutdown = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = bounded::<Result<usize, String>>(1);
     let engine_cfg = EngineConfig {
         parallel: cfg.parallel,
@@ -66,7 +65,6 @@ fn serve(cfg: Config) -> Result<(), String> {
     let engine_thread = {
         let model = Arc::clone(&model);
         let metrics = Arc::clone(&metrics);
-        let shutdown = Arc::clone(&shutdown);
         std::thread::Builder::new()
             .name("sluice-engine".into())
             .spawn(move || {
@@ -83,7 +81,7 @@ fn serve(cfg: Config) -> Result<(), String> {
                 match ctx {
                     Ok(ctx) => {
                         let _ = ready_tx.send(Ok(ctx.n_ctx()));
-                        engine::run(model, ctx, engine_cfg, jobs, metrics, shutdown);
+                        engine::run(model, ctx, engine_cfg, jobs, metrics);
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));

@@ -18,7 +18,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use ffi::{Batch, Context, Model, SamplingParams, Token};
 use planner::{Phase, SeqView, Work};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use text::TextAssembler;
@@ -105,15 +105,13 @@ impl Seq {
     }
 }
 
-/// Runs the engine loop until `shutdown` is set and no work is left, or the
-/// job channel is closed.
+/// Runs the engine loop until the job channel is closed and no work is left.
 pub fn run(
     model: Arc<Model>,
     mut ctx: Context,
     cfg: EngineConfig,
     jobs: Receiver<Job>,
     metrics: Arc<Metrics>,
-    shutdown: Arc<AtomicBool>,
 ) {
     assert!(
         cfg.step_tokens_max >= cfg.parallel,
@@ -139,9 +137,6 @@ pub fn run(
         let plan = planner::plan_step(&engine.views(), engine.cfg.step_tokens_max);
         if plan.is_empty() {
             let active = engine.slots.iter().any(Option::is_some) || engine.waiting.is_some();
-            if shutdown.load(Ordering::Relaxed) && !active {
-                break;
-            }
             if closed && !active {
                 break;
             }
