@@ -30,8 +30,8 @@ unit: deps
 	$(CARGO) test --release --workspace --bins --lib
 
 # The real binary and the real model over real sockets; one at a time, since
-# each test's server uses every core.
-integration: deps model
+# each test's server uses every core. `build` provides the sluice-bench binary.
+integration: deps model build
 	$(CARGO) test --release --test it -- --test-threads=1
 
 lint: deps

@@ -1,6 +1,21 @@
 //! sluice-bench: load harness for sluice and any OpenAI-compatible server.
 //!
-//! The library holds what the binary and sluice's integration tests share: a
-//! raw-socket HTTP/SSE client that can read a stream event by event.
+//! The binary (`main.rs`) is the command line; everything else is here so that
+//! sluice's integration tests can share the HTTP/SSE client.
+//!
+//! - `http`: raw-socket HTTP/1.1 client with Server-Sent Events.
+//! - `arrivals`: seeded RNG and Poisson arrival schedules.
+//! - `workload`: request mix (prompt and answer lengths, long prompts, slow readers,
+//!   disconnecting clients, timeouts, retries).
+//! - `client`: one simulated client.
+//! - `runner`: open and closed loops, progress, target sampling, `/metrics` deltas.
+//! - `stats`: outcomes, latency histograms, goodput.
+//! - `plot`: the sweep's SVG.
 
+pub mod arrivals;
+pub mod client;
 pub mod http;
+pub mod plot;
+pub mod runner;
+pub mod stats;
+pub mod workload;

@@ -1,189 +1,406 @@
-//! `sluice-bench`: closed-loop streaming load against `/v1/chat/completions`.
-//!
-//! Each of `--concurrency` client threads sends `--requests` streaming requests
-//! one after another and times every token as it arrives. Reported per request:
-//! time to first token, and the decode rate after it ((tokens - 1) / time from
-//! the first text to the finish chunk, tokens from the usage chunk); in aggregate:
-//! tokens per second over the whole run.
-//! Works against any server that speaks OpenAI's streaming chat API.
+//! `sluice-bench SCENARIO [flags]`: load for sluice or any OpenAI-compatible
+//! server, reported as a table and a JSON file (and, for `sweep`, an SVG plot).
 
 use argh::FromArgs;
-use hdrhistogram::Histogram;
-use serde_json::json;
-use sluice_bench::http::{parse_url, Sse};
-use std::time::{Duration, Instant};
+use serde_json::{json, Value};
+use sluice_bench::arrivals::Phase;
+use sluice_bench::client::Target;
+use sluice_bench::http::parse_url;
+use sluice_bench::plot::{sweep_svg, Point};
+use sluice_bench::runner::{closed_loop, open_loop, Report, RunConfig};
+use sluice_bench::stats::{Kind, Slo, Stats};
+use sluice_bench::workload::{Dist, Retry, Workload};
+use std::time::Duration;
+
+/// Offered load of each `sweep` point, as a multiple of the capacity.
+const SWEEP_MULTIPLES: [f64; 9] = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0];
 
 #[derive(FromArgs)]
-/// Closed-loop streaming load against an OpenAI-compatible server.
+/// Load harness for sluice and any OpenAI-compatible server (streaming chat).
+///
+/// Scenarios: capacity (closed loop at --concurrency: the sustainable request
+/// rate), overload (open loop: 0.5x capacity, then a step to 2x), hol (long
+/// prompts among chat traffic), slow-readers, disconnects, sweep (0.25x to 3x
+/// capacity, with an SVG plot of goodput and p99 TTFT), run (open loop at
+/// --rate), closed (closed loop at --concurrency). Scenarios that need the
+/// capacity measure it first unless --capacity is given.
 struct Args {
+    /// capacity, overload, hol, slow-readers, disconnects, sweep, run or closed
+    #[argh(positional)]
+    scenario: String,
     /// server base URL (default: http://127.0.0.1:8080)
     #[argh(option, default = "String::from(\"http://127.0.0.1:8080\")")]
     url: String,
-    /// concurrent client threads (default: 1)
-    #[argh(option, default = "1")]
-    concurrency: usize,
-    /// requests per client thread (default: 3)
-    #[argh(option, default = "3")]
-    requests: usize,
-    /// tokens to generate per request; sent with ignore_eos (default: 128)
-    #[argh(option, default = "128")]
-    max_tokens: usize,
-    /// user message sent (default: a short story request)
-    #[argh(
-        option,
-        default = "String::from(\"Write a long story about a lighthouse keeper.\")"
-    )]
-    prompt: String,
     /// model name sent in requests (default: sluice)
     #[argh(option, default = "String::from(\"sluice\")")]
     model: String,
-    /// per-request socket timeout in seconds (default: 300)
-    #[argh(option, default = "300")]
-    timeout_s: u64,
-}
-
-/// Latencies in microseconds, up to an hour.
-fn histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid bounds")
-}
-
-struct RequestResult {
-    ttft: Duration,
-    tokens: usize,
-    decode_time: Duration,
-}
-
-fn one_request(
-    addr: std::net::SocketAddr,
-    path: &str,
-    body: &[u8],
-    timeout: Duration,
-) -> Result<RequestResult, String> {
-    let start = Instant::now();
-    let mut sse = Sse::open(addr, path, body, timeout).map_err(|e| e.to_string())?;
-    if sse.status != 200 {
-        let status = sse.status;
-        let body = sse.error_body().unwrap_or_default();
-        return Err(format!(
-            "status {status}: {}",
-            String::from_utf8_lossy(&body)
-        ));
-    }
-    let mut first = None;
-    let mut last = start;
-    let mut tokens = 0;
-    while let Some(v) = sse.next_json().map_err(|e| e.to_string())? {
-        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-            tokens = n as usize;
-            continue;
-        }
-        let choice = &v["choices"][0];
-        if choice["delta"]["content"]
-            .as_str()
-            .is_some_and(|t| !t.is_empty())
-        {
-            first.get_or_insert_with(Instant::now);
-        }
-        // The finish chunk follows the last token at once, even when that
-        // token had no visible text.
-        if choice["finish_reason"].is_string() {
-            last = Instant::now();
-        }
-    }
-    let first = first.ok_or("no tokens received")?;
-    Ok(RequestResult {
-        ttft: first - start,
-        tokens,
-        decode_time: last - first,
-    })
+    /// do not send ignore_eos (for servers that refuse unknown fields); answers
+    /// then end where the model stops rather than at max_tokens
+    #[argh(switch)]
+    no_ignore_eos: bool,
+    /// sampling temperature sent (default: 0.7; 0 is greedy)
+    #[argh(option, default = "0.7")]
+    temperature: f64,
+    /// seconds per phase or sweep point (default: 60)
+    #[argh(option, default = "60.0")]
+    duration_s: f64,
+    /// arrival rate in requests/s for `run` (default: 1)
+    #[argh(option, default = "1.0")]
+    rate: f64,
+    /// clients of the closed loop (`closed`, and the capacity measurement; default: 4)
+    #[argh(option, default = "4")]
+    concurrency: usize,
+    /// known capacity in requests/s; skips measuring it
+    #[argh(option)]
+    capacity: Option<f64>,
+    /// seconds the capacity measurement runs (default: 30)
+    #[argh(option, default = "30.0")]
+    capacity_duration_s: f64,
+    /// most client threads of the open loop; arrivals beyond are counted as
+    /// client overflow (default: 64)
+    #[argh(option, default = "64")]
+    clients: usize,
+    /// prompt length in tokens: fixed:N, uniform:LO:HI or exp:MEAN (default: uniform:20:200)
+    #[argh(option, default = "String::from(\"uniform:20:200\")")]
+    prompt_tokens: String,
+    /// max_tokens per request, same forms (default: uniform:32:128)
+    #[argh(option, default = "String::from(\"uniform:32:128\")")]
+    max_tokens: String,
+    /// share of requests with a long prompt (default: 0; hol: 0.05)
+    #[argh(option)]
+    long_share: Option<f64>,
+    /// tokens of a long prompt (default: 7000, near the default model's 8192 context)
+    #[argh(option, default = "7000")]
+    long_prompt_tokens: u64,
+    /// share of clients that read slowly (default: 0; slow-readers: 0.25)
+    #[argh(option)]
+    slow_share: Option<f64>,
+    /// read rate of a slow client in tokens/s (default: 5)
+    #[argh(option, default = "5.0")]
+    slow_read_tok_s: f64,
+    /// share of clients that hang up mid-stream (default: 0; disconnects: 0.3)
+    #[argh(option)]
+    disconnect_share: Option<f64>,
+    /// tokens a hanging-up client reads first (default: 8)
+    #[argh(option, default = "8")]
+    disconnect_after: u64,
+    /// seconds a client waits for its whole answer before giving up (default: 60)
+    #[argh(option, default = "60.0")]
+    timeout_s: f64,
+    /// after 429/503: none, or retry-after (wait Retry-After plus jitter) (default: none)
+    #[argh(option, default = "String::from(\"none\")")]
+    retry: String,
+    /// most retries per request with --retry retry-after (default: 3)
+    #[argh(option, default = "3")]
+    retry_max: u32,
+    /// longest wait before a retry, in seconds (default: 10)
+    #[argh(option, default = "10.0")]
+    retry_cap_s: f64,
+    /// JSON file with workload keys (prompt_tokens, max_tokens, long_share,
+    /// long_prompt_tokens, slow_share, slow_read_tok_s, disconnect_share,
+    /// disconnect_after_tokens, timeout_s); they override the flags
+    #[argh(option)]
+    workload: Option<String>,
+    /// SLO for goodput: time to first token in ms (default: 5000)
+    #[argh(option, default = "5000")]
+    slo_ttft_ms: u64,
+    /// SLO for goodput: mean time between tokens in ms (default: 250)
+    #[argh(option, default = "250")]
+    slo_itl_ms: u64,
+    /// seed of arrivals and workload draws (default: 1)
+    #[argh(option, default = "1")]
+    seed: u64,
+    /// PID of the server, to sample its memory and thread count (same machine)
+    #[argh(option)]
+    pid: Option<u32>,
+    /// JSON report file (default: sluice-bench-SCENARIO.json)
+    #[argh(option)]
+    out: Option<String>,
+    /// SVG plot file for sweep (default: the report's name with .svg)
+    #[argh(option)]
+    plot: Option<String>,
+    /// no progress line
+    #[argh(switch)]
+    quiet: bool,
 }
 
 fn main() {
     let args: Args = argh::from_env();
-    let (addr, prefix) = match parse_url(&args.url) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("sluice-bench: {e}");
-            std::process::exit(2);
+    if let Err(e) = run(args) {
+        eprintln!("sluice-bench: error: {e}");
+        std::process::exit(2);
+    }
+}
+
+fn positive(flag: &str, v: f64) -> Result<f64, String> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{flag} must be positive"))
+    }
+}
+
+fn run(a: Args) -> Result<(), String> {
+    let (addr, prefix) = parse_url(&a.url).map_err(|e| e.to_string())?;
+    let duration = Duration::from_secs_f64(positive("--duration-s", a.duration_s)?);
+    let scenario = a.scenario.as_str();
+    let (long_d, slow_d, disc_d) = match scenario {
+        "hol" => (0.05, 0.0, 0.0),
+        "slow-readers" => (0.0, 0.25, 0.0),
+        "disconnects" => (0.0, 0.0, 0.3),
+        "capacity" | "overload" | "sweep" | "run" | "closed" => (0.0, 0.0, 0.0),
+        other => return Err(format!("unknown scenario '{other}' (see --help)")),
+    };
+    let mut workload = Workload {
+        prompt_tokens: Dist::parse(&a.prompt_tokens)?,
+        max_tokens: Dist::parse(&a.max_tokens)?,
+        long_share: a.long_share.unwrap_or(long_d),
+        long_prompt_tokens: a.long_prompt_tokens,
+        slow_share: a.slow_share.unwrap_or(slow_d),
+        slow_read_tok_s: a.slow_read_tok_s,
+        disconnect_share: a.disconnect_share.unwrap_or(disc_d),
+        disconnect_after_tokens: a.disconnect_after,
+        timeout: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?),
+        retry: Retry::parse(
+            &a.retry,
+            a.retry_max,
+            Duration::from_secs_f64(a.retry_cap_s.max(0.0)),
+        )?,
+    };
+    if let Some(path) = &a.workload {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+        workload
+            .apply_json(&v)
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    workload.check()?;
+    if a.clients == 0 || a.concurrency == 0 {
+        return Err("--clients and --concurrency must be at least 1".into());
+    }
+    let cfg = RunConfig {
+        target: Target {
+            addr,
+            prefix,
+            model: a.model.clone(),
+            ignore_eos: !a.no_ignore_eos,
+            temperature: a.temperature,
+        },
+        workload,
+        slo: Slo {
+            ttft: Duration::from_millis(a.slo_ttft_ms),
+            itl: Duration::from_millis(a.slo_itl_ms),
+        },
+        clients_max: a.clients,
+        seed: a.seed,
+        pid: a.pid,
+        quiet: a.quiet,
+    };
+
+    let needs_capacity = matches!(
+        scenario,
+        "capacity" | "overload" | "hol" | "slow-readers" | "disconnects" | "sweep"
+    );
+    let mut capacity_report = Value::Null;
+    let capacity = match (needs_capacity, a.capacity) {
+        (false, _) => None,
+        (true, Some(c)) if scenario != "capacity" => Some(positive("--capacity", c)?),
+        (true, _) => {
+            eprintln!(
+                "sluice-bench: measuring capacity: closed loop, {} clients, {} s",
+                a.concurrency, a.capacity_duration_s
+            );
+            // Capacity is measured with fast, well-behaved clients.
+            let mut plain = cfg.clone();
+            plain.workload.long_share = 0.0;
+            plain.workload.slow_share = 0.0;
+            plain.workload.disconnect_share = 0.0;
+            let d =
+                Duration::from_secs_f64(positive("--capacity-duration-s", a.capacity_duration_s)?);
+            let r = closed_loop(&plain, a.concurrency, d);
+            let s = &r.phases[0].1;
+            let c = s.count(Kind::Completed) as f64 / r.wall.as_secs_f64();
+            print_table("capacity (closed loop)", &r);
+            eprintln!("sluice-bench: capacity {c:.3} requests/s");
+            capacity_report = r.to_json();
+            capacity_report["capacity_rps"] = json!(c);
+            if c <= 0.0 {
+                return Err("no request completed while measuring capacity".into());
+            }
+            Some(c)
         }
     };
-    let path = format!("{prefix}/v1/chat/completions");
-    // The token count comes from the usage chunk, so that tokens with no visible
-    // text are counted without asking for logprobs (which cost the server work).
-    let body = json!({
-        "model": args.model,
-        "messages": [{"role": "user", "content": args.prompt}],
-        "max_tokens": args.max_tokens, "ignore_eos": true, "temperature": 0,
-        "stream": true, "stream_options": {"include_usage": true},
-    })
-    .to_string();
-    let timeout = Duration::from_secs(args.timeout_s);
-    let started = Instant::now();
-    let handles: Vec<_> = (0..args.concurrency)
-        .map(|_| {
-            let (path, body) = (path.clone(), body.clone());
-            let n = args.requests;
-            std::thread::spawn(move || {
-                (0..n)
-                    .map(|_| one_request(addr, &path, body.as_bytes(), timeout))
-                    .collect::<Vec<_>>()
-            })
-        })
-        .collect();
-    let results: Vec<Result<RequestResult, String>> = handles
-        .into_iter()
-        .flat_map(|h| h.join().expect("client thread"))
-        .collect();
-    let wall = started.elapsed();
 
-    let mut ttft = histogram();
-    let mut rates = Vec::new();
-    let mut tokens = 0;
-    let mut errors = 0;
-    for r in &results {
-        match r {
-            Ok(r) => {
-                ttft.saturating_record(r.ttft.as_micros() as u64);
-                tokens += r.tokens;
-                if r.tokens > 1 && !r.decode_time.is_zero() {
-                    rates.push((r.tokens - 1) as f64 / r.decode_time.as_secs_f64());
-                }
-            }
-            Err(e) => {
-                errors += 1;
-                eprintln!("sluice-bench: request failed: {e}");
-            }
+    let phases_at = |mults: &[(f64, f64)]| -> Vec<Phase> {
+        let c = capacity.expect("scenario has a capacity");
+        mults
+            .iter()
+            .map(|&(m, share)| Phase {
+                rate_per_s: m * c,
+                duration: duration.mul_f64(share),
+            })
+            .collect()
+    };
+    let mut result = json!({});
+    match scenario {
+        "capacity" => {}
+        "run" => {
+            let r = open_loop(
+                &cfg,
+                &[Phase {
+                    rate_per_s: positive("--rate", a.rate)?,
+                    duration,
+                }],
+            );
+            print_table("run (open loop)", &r);
+            result = r.to_json();
         }
+        "closed" => {
+            let r = closed_loop(&cfg, a.concurrency, duration);
+            print_table("closed loop", &r);
+            result = r.to_json();
+        }
+        // A step: a third of the time at half the capacity, then twice the capacity.
+        "overload" => {
+            let r = open_loop(&cfg, &phases_at(&[(0.5, 1.0 / 3.0), (2.0, 2.0 / 3.0)]));
+            print_table("overload (0.5x, then 2x capacity)", &r);
+            result = r.to_json();
+        }
+        "hol" | "slow-readers" | "disconnects" => {
+            let r = open_loop(&cfg, &phases_at(&[(0.7, 1.0)]));
+            print_table(&format!("{scenario} at 0.7x capacity"), &r);
+            result = r.to_json();
+        }
+        "sweep" => {
+            let mut points = Vec::new();
+            let mut rows = Vec::new();
+            for m in SWEEP_MULTIPLES {
+                eprintln!("sluice-bench: sweep point {m}x capacity");
+                let r = open_loop(&cfg, &phases_at(&[(m, 1.0)]));
+                print_table(&format!("sweep {m}x capacity"), &r);
+                let (phase, stats) = &r.phases[0];
+                points.push(Point {
+                    offered_rps: phase.rate_per_s,
+                    goodput_rps: stats.good as f64 / phase.duration.as_secs_f64(),
+                    ttft_p99_s: (!stats.ttft.is_empty())
+                        .then(|| stats.ttft.value_at_quantile(0.99) as f64 / 1e6),
+                });
+                let mut j = r.to_json();
+                j["multiple"] = json!(m);
+                rows.push(j);
+            }
+            let out = report_path(&a);
+            let plot = a
+                .plot
+                .clone()
+                .unwrap_or_else(|| out.trim_end_matches(".json").to_string() + ".svg");
+            let title = format!("{}: goodput and p99 TTFT vs offered load", a.url);
+            std::fs::write(&plot, sweep_svg(&title, &points))
+                .map_err(|e| format!("{plot}: {e}"))?;
+            eprintln!("sluice-bench: plot written to {plot}");
+            result = json!({"points": rows});
+        }
+        _ => unreachable!("scenario checked above"),
     }
-    rates.sort_by(f64::total_cmp);
-    let median = |v: &[f64]| if v.is_empty() { 0.0 } else { v[v.len() / 2] };
-    let aggregate = tokens as f64 / wall.as_secs_f64();
+
+    let report = json!({
+        "scenario": scenario,
+        "params": params_json(&a, &cfg),
+        "capacity_rps": capacity,
+        "capacity_measurement": capacity_report,
+        "result": result,
+    });
+    let out = report_path(&a);
+    let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+    std::fs::write(&out, text).map_err(|e| format!("{out}: {e}"))?;
+    eprintln!("sluice-bench: report written to {out}");
+    Ok(())
+}
+
+fn report_path(a: &Args) -> String {
+    a.out
+        .clone()
+        .unwrap_or_else(|| format!("sluice-bench-{}.json", a.scenario))
+}
+
+fn params_json(a: &Args, cfg: &RunConfig) -> Value {
+    let w = &cfg.workload;
+    json!({
+        "url": a.url, "model": a.model, "ignore_eos": cfg.target.ignore_eos, "temperature": a.temperature,
+        "duration_s": a.duration_s, "rate": a.rate, "concurrency": a.concurrency,
+        "capacity": a.capacity, "capacity_duration_s": a.capacity_duration_s, "clients": a.clients,
+        "prompt_tokens": format!("{:?}", w.prompt_tokens), "max_tokens": format!("{:?}", w.max_tokens),
+        "long_share": w.long_share, "long_prompt_tokens": w.long_prompt_tokens,
+        "slow_share": w.slow_share, "slow_read_tok_s": w.slow_read_tok_s,
+        "disconnect_share": w.disconnect_share, "disconnect_after_tokens": w.disconnect_after_tokens,
+        "timeout_s": w.timeout.as_secs_f64(), "retry": format!("{:?}", w.retry),
+        "slo_ttft_ms": a.slo_ttft_ms, "slo_itl_ms": a.slo_itl_ms, "seed": a.seed, "pid": a.pid,
+        "workload_file": a.workload,
+    })
+}
+
+fn print_table(title: &str, r: &Report) {
+    let ms = |h: &hdrhistogram::Histogram<u64>, q: f64| {
+        if h.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.0}", h.value_at_quantile(q) as f64 / 1e3)
+        }
+    };
+    println!("\n{title}  (wall {:.1} s)", r.wall.as_secs_f64());
     println!(
-        "concurrency {}: {} requests ({} failed), {tokens} tokens in {:.1} s",
-        args.concurrency,
-        results.len(),
-        errors,
-        wall.as_secs_f64()
+        "{:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>8} {:>8} {:>8} {:>7} {:>7} {:>8}",
+        "offered",
+        "reqs",
+        "done",
+        "429",
+        "503",
+        "t/o",
+        "ovfl",
+        "goodput",
+        "ttft50",
+        "ttft99",
+        "itl50",
+        "itl99",
+        "tok/s"
     );
-    println!(
-        "  per-stream decode rate: median {:.1} tok/s (min {:.1}, max {:.1})",
-        median(&rates),
-        rates.first().unwrap_or(&0.0),
-        rates.last().unwrap_or(&0.0)
-    );
-    println!("  aggregate: {aggregate:.1} tok/s (tokens / wall time, including prefill)");
-    println!(
-        "  TTFT: p50 {:.0} ms, max {:.0} ms",
-        ttft.value_at_quantile(0.5) as f64 / 1e3,
-        ttft.max() as f64 / 1e3
-    );
-    println!(
-        "{}",
-        json!({"concurrency": args.concurrency, "requests": results.len(), "failed": errors, "tokens": tokens,
-               "wall_s": wall.as_secs_f64(), "aggregate_tok_s": aggregate, "decode_tok_s_median": median(&rates),
-               "ttft_ms_p50": ttft.value_at_quantile(0.5) as f64 / 1e3})
-    );
-    if errors > 0 {
-        std::process::exit(1);
+    for (phase, s) in &r.phases {
+        let secs = phase.duration.as_secs_f64();
+        let offered = if phase.rate_per_s.is_nan() {
+            "closed".to_string()
+        } else {
+            format!("{:.2}/s", phase.rate_per_s)
+        };
+        row(&offered, s, secs, &ms);
     }
+    if !r.server_metrics.is_null() {
+        println!("server /metrics delta: {}", r.server_metrics);
+    }
+    if !r.target.is_null() {
+        println!("server process: {}", r.target);
+    }
+}
+
+fn row(
+    offered: &str,
+    s: &Stats,
+    secs: f64,
+    ms: &dyn Fn(&hdrhistogram::Histogram<u64>, f64) -> String,
+) {
+    println!(
+        "{:>9} {:>6} {:>6} {:>6} {:>6} {:>6} {:>6} {:>7.2}/s {:>8} {:>8} {:>7} {:>7} {:>8.1}",
+        offered,
+        s.total(),
+        s.count(Kind::Completed),
+        s.count(Kind::Rejected),
+        s.count(Kind::Shed),
+        s.count(Kind::Timeout),
+        s.count(Kind::Overflow),
+        s.good as f64 / secs,
+        ms(&s.ttft, 0.5),
+        ms(&s.ttft, 0.99),
+        ms(&s.itl, 0.5),
+        ms(&s.itl, 0.99),
+        s.tokens as f64 / secs,
+    );
 }

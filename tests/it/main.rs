@@ -5,6 +5,7 @@
 
 mod api;
 mod batching;
+mod bench;
 mod harness;
 mod startup;
 mod threads;

@@ -1,0 +1,409 @@
+//! Load models: open loop (Poisson arrivals, bounded client threads) and closed
+//! loop (a fixed number of clients, each sending its next request when the last
+//! one ends), with a progress line, target sampling and `/metrics` deltas.
+
+use crate::arrivals::{poisson_schedule, Phase, Rng};
+use crate::client::{run_request, Target};
+use crate::stats::{Kind, Outcome, Slo, Stats};
+use crate::workload::Workload;
+use crossbeam_channel::{bounded, TrySendError};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How often the progress line and the target's memory and threads are sampled.
+const SAMPLE_INTERVAL: Duration = Duration::from_millis(250);
+const PROGRESS_INTERVAL: Duration = Duration::from_secs(2);
+/// How long `/metrics` may take to answer.
+const METRICS_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    pub target: Target,
+    pub workload: Workload,
+    pub slo: Slo,
+    /// Most client threads (open loop): arrivals beyond them are counted as overflow.
+    pub clients_max: usize,
+    pub seed: u64,
+    /// PID of the server, to sample its memory and threads (same machine only).
+    pub pid: Option<u32>,
+    pub quiet: bool,
+}
+
+/// Live counters for the progress line.
+#[derive(Default)]
+struct Progress {
+    sent: AtomicU64,
+    done: AtomicU64,
+    completed: AtomicU64,
+    refused: AtomicU64,
+    overflow: AtomicU64,
+}
+
+/// What one run measured: per phase, plus the target's and the server's view.
+pub struct Report {
+    pub phases: Vec<(Phase, Stats)>,
+    pub target: Value,
+    pub server_metrics: Value,
+    pub wall: Duration,
+}
+
+impl Report {
+    pub fn to_json(&self) -> Value {
+        let phases: Vec<Value> = self
+            .phases
+            .iter()
+            .map(|(p, s)| {
+                let mut v = s.to_json(p.duration.as_secs_f64());
+                v["offered_rps"] = json!(p.rate_per_s);
+                v["duration_s"] = json!(p.duration.as_secs_f64());
+                v
+            })
+            .collect();
+        json!({
+            "phases": phases,
+            "target_process": self.target,
+            "server_metrics_delta": self.server_metrics,
+            "wall_s": self.wall.as_secs_f64(),
+        })
+    }
+}
+
+/// Open loop: Poisson arrivals through `phases`, each served by a free client
+/// thread; an arrival that finds every client busy is counted, never dropped silently.
+pub fn open_loop(cfg: &RunConfig, phases: &[Phase]) -> Report {
+    let schedule = poisson_schedule(phases, cfg.seed);
+    let stats: Vec<Mutex<Stats>> = phases
+        .iter()
+        .map(|_| Mutex::new(Stats::new(cfg.slo)))
+        .collect();
+    let stats = Arc::new(stats);
+    let progress = Arc::new(Progress::default());
+    let before = server_metrics(&cfg.target);
+    let sampler = TargetSampler::start(cfg.pid);
+    let stop_progress = Arc::new(AtomicBool::new(false));
+    let progress_thread =
+        spawn_progress(cfg.quiet, Arc::clone(&progress), Arc::clone(&stop_progress));
+
+    // A zero-capacity channel: `try_send` succeeds only if a client is waiting.
+    let (tx, rx) = bounded::<(crate::workload::RequestSpec, Instant, usize, u64)>(0);
+    let clients: Vec<_> = (0..cfg.clients_max)
+        .map(|_| {
+            let rx = rx.clone();
+            let (target, workload) = (cfg.target.clone(), cfg.workload.clone());
+            let (stats, progress) = (Arc::clone(&stats), Arc::clone(&progress));
+            std::thread::spawn(move || {
+                while let Ok((spec, arrival, phase, seed)) = rx.recv() {
+                    let mut rng = Rng::new(seed);
+                    let o = run_request(&target, &workload, &spec, arrival, &mut rng);
+                    note(&progress, &o);
+                    stats[phase].lock().expect("stats lock").record(&o);
+                }
+            })
+        })
+        .collect();
+    drop(rx);
+
+    let start = Instant::now();
+    let mut rng = Rng::new(cfg.seed ^ 0x5EED);
+    for (offset, phase) in schedule {
+        let at = start + offset;
+        if let Some(wait) = at.checked_duration_since(Instant::now()) {
+            std::thread::sleep(wait);
+        }
+        let spec = cfg.workload.draw(&mut rng);
+        progress.sent.fetch_add(1, Ordering::Relaxed);
+        match tx.try_send((spec.clone(), at, phase, rng.next_u64())) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                let o = Outcome {
+                    kind: Kind::Overflow,
+                    status: None,
+                    attempts: 0,
+                    ttft: None,
+                    itls: Vec::new(),
+                    decode: None,
+                    e2e: Duration::ZERO,
+                    tokens: 0,
+                    long: spec.long,
+                };
+                note(&progress, &o);
+                stats[phase].lock().expect("stats lock").record(&o);
+            }
+        }
+    }
+    drop(tx);
+    for c in clients {
+        let _ = c.join();
+    }
+    finish(
+        cfg,
+        phases,
+        stats,
+        start,
+        before,
+        sampler,
+        stop_progress,
+        progress_thread,
+    )
+}
+
+/// Closed loop: `concurrency` clients, each sending its next request as soon as
+/// the previous one ends, for `duration`.
+pub fn closed_loop(cfg: &RunConfig, concurrency: usize, duration: Duration) -> Report {
+    let stats = Arc::new(vec![Mutex::new(Stats::new(cfg.slo))]);
+    let progress = Arc::new(Progress::default());
+    let before = server_metrics(&cfg.target);
+    let sampler = TargetSampler::start(cfg.pid);
+    let stop_progress = Arc::new(AtomicBool::new(false));
+    let progress_thread =
+        spawn_progress(cfg.quiet, Arc::clone(&progress), Arc::clone(&stop_progress));
+    let start = Instant::now();
+    let clients: Vec<_> = (0..concurrency)
+        .map(|i| {
+            let (target, workload) = (cfg.target.clone(), cfg.workload.clone());
+            let (stats, progress) = (Arc::clone(&stats), Arc::clone(&progress));
+            let mut rng = Rng::new(cfg.seed.wrapping_add(i as u64 * 7919));
+            std::thread::spawn(move || {
+                while start.elapsed() < duration {
+                    let spec = workload.draw(&mut rng);
+                    progress.sent.fetch_add(1, Ordering::Relaxed);
+                    let o = run_request(&target, &workload, &spec, Instant::now(), &mut rng);
+                    note(&progress, &o);
+                    stats[0].lock().expect("stats lock").record(&o);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        let _ = c.join();
+    }
+    // Requests still running at the end were let finish: the span is the wall time.
+    let phases = [Phase {
+        rate_per_s: f64::NAN,
+        duration: start.elapsed(),
+    }];
+    finish(
+        cfg,
+        &phases,
+        stats,
+        start,
+        before,
+        sampler,
+        stop_progress,
+        progress_thread,
+    )
+}
+
+fn note(p: &Progress, o: &Outcome) {
+    p.done.fetch_add(1, Ordering::Relaxed);
+    match o.kind {
+        Kind::Completed => p.completed.fetch_add(1, Ordering::Relaxed),
+        Kind::Rejected | Kind::Shed => p.refused.fetch_add(1, Ordering::Relaxed),
+        Kind::Overflow => p.overflow.fetch_add(1, Ordering::Relaxed),
+        _ => 0,
+    };
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    cfg: &RunConfig,
+    phases: &[Phase],
+    stats: Arc<Vec<Mutex<Stats>>>,
+    start: Instant,
+    before: Option<Value>,
+    sampler: TargetSampler,
+    stop_progress: Arc<AtomicBool>,
+    progress_thread: Option<std::thread::JoinHandle<()>>,
+) -> Report {
+    let wall = start.elapsed();
+    stop_progress.store(true, Ordering::Relaxed);
+    if let Some(t) = progress_thread {
+        let _ = t.join();
+    }
+    let after = server_metrics(&cfg.target);
+    let server_metrics = match (before, after) {
+        (Some(b), Some(a)) => metrics_delta(&b, &a),
+        _ => Value::Null,
+    };
+    let stats =
+        Arc::try_unwrap(stats).unwrap_or_else(|_| panic!("client threads still hold the stats"));
+    Report {
+        phases: phases
+            .iter()
+            .copied()
+            .zip(
+                stats
+                    .into_iter()
+                    .map(|m| m.into_inner().expect("stats lock")),
+            )
+            .collect(),
+        target: sampler.stop(),
+        server_metrics,
+        wall,
+    }
+}
+
+fn spawn_progress(
+    quiet: bool,
+    p: Arc<Progress>,
+    stop: Arc<AtomicBool>,
+) -> Option<std::thread::JoinHandle<()>> {
+    if quiet {
+        return None;
+    }
+    let start = Instant::now();
+    Some(std::thread::spawn(move || {
+        let mut last = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(SAMPLE_INTERVAL);
+            if last.elapsed() >= PROGRESS_INTERVAL {
+                last = Instant::now();
+                let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                eprintln!(
+                    "[{:6.1} s] sent {} | done {} | completed {} | refused {} | overflow {} | in flight {}",
+                    start.elapsed().as_secs_f64(),
+                    l(&p.sent),
+                    l(&p.done),
+                    l(&p.completed),
+                    l(&p.refused),
+                    l(&p.overflow),
+                    l(&p.sent) - l(&p.done)
+                );
+            }
+        }
+    }))
+}
+
+/// The sampling thread (returning the largest RSS in kB and thread count seen)
+/// and its stop flag.
+type Sampling = (std::thread::JoinHandle<(u64, u64)>, Arc<AtomicBool>);
+
+/// Samples the target process's resident memory and thread count.
+struct TargetSampler {
+    handle: Option<Sampling>,
+    pid: Option<u32>,
+}
+
+impl TargetSampler {
+    fn start(pid: Option<u32>) -> TargetSampler {
+        let handle = pid.map(|pid| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let flag = Arc::clone(&stop);
+            let h = std::thread::spawn(move || {
+                let (mut rss_kb, mut threads) = (0, 0);
+                while !flag.load(Ordering::Relaxed) {
+                    if let Some((r, t)) = read_proc_status(pid) {
+                        rss_kb = rss_kb.max(r);
+                        threads = threads.max(t);
+                    }
+                    std::thread::sleep(SAMPLE_INTERVAL);
+                }
+                (rss_kb, threads)
+            });
+            (h, stop)
+        });
+        TargetSampler { handle, pid }
+    }
+
+    fn stop(self) -> Value {
+        let Some((h, stop)) = self.handle else {
+            return Value::Null;
+        };
+        stop.store(true, Ordering::Relaxed);
+        let (rss_kb, threads) = h.join().unwrap_or((0, 0));
+        json!({"pid": self.pid, "rss_mb_max": rss_kb as f64 / 1024.0, "threads_max": threads})
+    }
+}
+
+/// `(VmRSS in kB, Threads)` from `/proc/<pid>/status`.
+pub fn read_proc_status(pid: u32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    Some((field("VmRSS:")?, field("Threads:")?))
+}
+
+/// sluice's counters from `/metrics`, when the target has them.
+fn server_metrics(t: &Target) -> Option<Value> {
+    let path = format!("{}/metrics", t.prefix);
+    let r = crate::http::request(t.addr, "GET", &path, None, &[], METRICS_TIMEOUT).ok()?;
+    if r.status != 200 {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&r.body);
+    let counters = parse_prometheus(&text);
+    if !counters.keys().any(|k| k.starts_with("sluice_")) {
+        return None;
+    }
+    Some(json!(counters))
+}
+
+/// Sample lines of a Prometheus text exposition: `name{labels} value`.
+pub fn parse_prometheus(text: &str) -> std::collections::BTreeMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_string(), value.parse::<f64>().ok()?))
+        })
+        .collect()
+}
+
+fn metrics_delta(before: &Value, after: &Value) -> Value {
+    let counters = [
+        ("accepted", "sluice_requests_accepted_total"),
+        (
+            "rejected_queue_full",
+            "sluice_requests_rejected_total{reason=\"queue_full\"}",
+        ),
+        (
+            "rejected_invalid",
+            "sluice_requests_rejected_total{reason=\"invalid\"}",
+        ),
+        ("completed", "sluice_requests_completed_total"),
+        (
+            "cancelled_disconnect",
+            "sluice_requests_cancelled_total{reason=\"disconnect\"}",
+        ),
+        ("failed", "sluice_requests_failed_total"),
+        ("tokens_generated", "sluice_tokens_generated_total"),
+    ];
+    let mut out = serde_json::Map::new();
+    for (label, name) in counters {
+        if let (Some(b), Some(a)) = (before[name].as_f64(), after[name].as_f64()) {
+            out.insert(label.to_string(), json!(a - b));
+        }
+    }
+    Value::Object(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prometheus_samples_are_parsed_with_labels() {
+        let m = parse_prometheus(
+            "# HELP x y\n# TYPE x counter\nsluice_requests_accepted_total 12\n\
+             sluice_requests_rejected_total{reason=\"queue_full\"} 3\nsluice_step_seconds{quantile=\"0.5\"} 0.01\n",
+        );
+        assert_eq!(m["sluice_requests_accepted_total"], 12.0);
+        assert_eq!(
+            m["sluice_requests_rejected_total{reason=\"queue_full\"}"],
+            3.0
+        );
+        assert_eq!(m.len(), 3);
+    }
+
+    #[test]
+    fn this_process_status_is_readable() {
+        let (rss, threads) = read_proc_status(std::process::id()).unwrap();
+        assert!(rss > 0 && threads >= 1);
+    }
+}

@@ -1,0 +1,114 @@
+//! The bundled harness measures what really happened: its counts agree with
+//! sluice's own counters.
+
+use crate::harness::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn bench_binary() -> PathBuf {
+    // Built by `cargo build --release --workspace` (the Makefile's `integration`
+    // target does it first); it lives next to the sluice binary.
+    let p = std::path::Path::new(binary()).with_file_name("sluice-bench");
+    assert!(
+        p.exists(),
+        "{} is missing: run cargo build --release --workspace",
+        p.display()
+    );
+    p
+}
+
+fn sum_over_phases(report: &Value, f: impl Fn(&Value) -> u64) -> u64 {
+    report["result"]["phases"]
+        .as_array()
+        .expect("phases")
+        .iter()
+        .map(f)
+        .sum()
+}
+
+#[test]
+fn a_short_overload_run_counts_what_sluice_counted() {
+    // A small server so that twice the claimed capacity overflows its queue.
+    let srv = Server::start(&["--parallel", "2", "--queue-depth", "2"]);
+    let before = srv.metrics();
+    let out =
+        std::env::temp_dir().join(format!("sluice-bench-overload-{}.json", std::process::id()));
+    let status = Command::new(bench_binary())
+        .args(["overload", "--url", &format!("http://{}", srv.addr)])
+        .args([
+            "--capacity",
+            "4",
+            "--duration-s",
+            "9",
+            "--prompt-tokens",
+            "fixed:20",
+            "--max-tokens",
+            "fixed:24",
+        ])
+        .args([
+            "--timeout-s",
+            "300",
+            "--clients",
+            "64",
+            "--quiet",
+            "--pid",
+            &srv.pid().to_string(),
+        ])
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run sluice-bench");
+    assert!(status.success());
+    let after = srv.metrics();
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    std::fs::remove_file(&out).unwrap();
+
+    let delta = |name: &str| metric_value(&after, name) - metric_value(&before, name);
+    let statuses =
+        |code: &str| sum_over_phases(&report, |p| p["statuses"][code].as_u64().unwrap_or(0));
+    let outcome =
+        |kind: &str| sum_over_phases(&report, |p| p["outcomes"][kind].as_u64().unwrap_or(0));
+    let accepted = statuses("200");
+    let rejected = statuses("429");
+    let completed = outcome("completed");
+    eprintln!(
+        "harness: {accepted} accepted, {rejected} rejected, {completed} completed; report {report}"
+    );
+
+    // The run was an overload: some requests were served and some refused.
+    assert!(
+        completed > 0 && rejected > 0,
+        "not an overload: {accepted} accepted, {rejected} rejected"
+    );
+    assert_eq!(
+        outcome("client_overflow"),
+        0,
+        "every arrival had a client thread"
+    );
+    assert_eq!(outcome("timeout") + outcome("broken"), 0);
+    // The harness saw exactly what sluice counted.
+    assert_eq!(accepted as f64, delta("sluice_requests_accepted_total"));
+    assert_eq!(
+        rejected as f64,
+        delta("sluice_requests_rejected_total{reason=\"queue_full\"}")
+    );
+    assert_eq!(completed as f64, delta("sluice_requests_completed_total"));
+    // Its own /metrics reading says the same, and it sampled the server process.
+    let own = &report["result"]["server_metrics_delta"];
+    assert_eq!(own["accepted"].as_f64(), Some(accepted as f64));
+    assert_eq!(own["rejected_queue_full"].as_f64(), Some(rejected as f64));
+    assert_eq!(own["completed"].as_f64(), Some(completed as f64));
+    assert!(
+        report["result"]["target_process"]["threads_max"]
+            .as_u64()
+            .unwrap()
+            > 4
+    );
+    // Every arrival of the schedule is accounted for.
+    let phases = report["result"]["phases"].as_array().unwrap();
+    assert_eq!(phases.len(), 2);
+    let requests: u64 = phases.iter().map(|p| p["requests"].as_u64().unwrap()).sum();
+    assert_eq!(requests, accepted + rejected);
+}
