@@ -86,17 +86,7 @@ fn attempt(
     arrival: Instant,
     deadline: Instant,
 ) -> (Outcome, Option<f64>) {
-    let mut out = Outcome {
-        kind: Kind::Broken,
-        status: None,
-        attempts: 1,
-        ttft: None,
-        itls: Vec::new(),
-        decode: None,
-        e2e: Duration::ZERO,
-        tokens: 0,
-        long: spec.long,
-    };
+    let mut out = Outcome::new(Kind::Broken, spec.long);
     let finish = |mut out: Outcome, kind: Kind| {
         out.kind = kind;
         out.e2e = arrival.elapsed();

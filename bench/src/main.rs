@@ -15,7 +15,7 @@ use std::time::Duration;
 /// Offered load of each `sweep` point, as a multiple of the capacity.
 const SWEEP_MULTIPLES: [f64; 9] = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0];
 
-#[derive(FromArgs)]
+#[derive(FromArgs, Clone)]
 /// Load harness for sluice and any OpenAI-compatible server (streaming chat).
 ///
 /// Scenarios: capacity (closed loop at --concurrency: the sustainable request
@@ -23,9 +23,10 @@ const SWEEP_MULTIPLES: [f64; 9] = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.
 /// prompts among chat traffic), slow-readers, disconnects, sweep (0.25x to 3x
 /// capacity, with an SVG plot of goodput and p99 TTFT), run (open loop at
 /// --rate), closed (closed loop at --concurrency). Scenarios that need the
-/// capacity measure it first unless --capacity is given.
+/// capacity measure it first unless --capacity is given. `plot` sends no load:
+/// it redraws the SVG of the sweep report named by --out.
 struct Args {
-    /// capacity, overload, hol, slow-readers, disconnects, sweep, run or closed
+    /// capacity, overload, hol, slow-readers, disconnects, sweep, run, closed or plot
     #[argh(positional)]
     scenario: String,
     /// server base URL (default: http://127.0.0.1:8080)
@@ -141,6 +142,9 @@ fn positive(flag: &str, v: f64) -> Result<f64, String> {
 }
 
 fn run(a: Args) -> Result<(), String> {
+    if a.scenario == "plot" {
+        return replot(&a);
+    }
     let (addr, prefix) = parse_url(&a.url).map_err(|e| e.to_string())?;
     let duration = Duration::from_secs_f64(positive("--duration-s", a.duration_s)?);
     let scenario = a.scenario.as_str();
@@ -289,15 +293,7 @@ fn run(a: Args) -> Result<(), String> {
                 j["multiple"] = json!(m);
                 rows.push(j);
             }
-            let out = report_path(&a);
-            let plot = a
-                .plot
-                .clone()
-                .unwrap_or_else(|| out.trim_end_matches(".json").to_string() + ".svg");
-            let title = format!("{}: goodput and p99 TTFT vs offered load", a.url);
-            std::fs::write(&plot, sweep_svg(&title, &points))
-                .map_err(|e| format!("{plot}: {e}"))?;
-            eprintln!("sluice-bench: plot written to {plot}");
+            write_plot(&a, &points)?;
             result = json!({"points": rows});
         }
         _ => unreachable!("scenario checked above"),
@@ -315,6 +311,53 @@ fn run(a: Args) -> Result<(), String> {
     std::fs::write(&out, text).map_err(|e| format!("{out}: {e}"))?;
     eprintln!("sluice-bench: report written to {out}");
     Ok(())
+}
+
+fn plot_path(a: &Args) -> String {
+    a.plot
+        .clone()
+        .unwrap_or_else(|| report_path(a).trim_end_matches(".json").to_string() + ".svg")
+}
+
+fn write_plot(a: &Args, points: &[Point]) -> Result<(), String> {
+    let plot = plot_path(a);
+    let title = format!("{}: goodput and p99 TTFT vs offered load", a.url);
+    std::fs::write(&plot, sweep_svg(&title, points)).map_err(|e| format!("{plot}: {e}"))?;
+    eprintln!("sluice-bench: plot written to {plot}");
+    Ok(())
+}
+
+/// Redraws a sweep's plot from its JSON report (`--out`, default the sweep's).
+fn replot(a: &Args) -> Result<(), String> {
+    let path = a
+        .out
+        .clone()
+        .unwrap_or_else(|| "sluice-bench-sweep.json".into());
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+    let report: Value = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+    let rows = report["result"]["points"]
+        .as_array()
+        .ok_or(format!("{path} is not a sweep report"))?;
+    let points: Vec<Point> = rows
+        .iter()
+        .map(|r| {
+            let p = &r["phases"][0];
+            Point {
+                offered_rps: p["offered_rps"].as_f64().unwrap_or(0.0),
+                goodput_rps: p["goodput_rps"].as_f64().unwrap_or(0.0),
+                ttft_p99_s: p["ttft"]["p99_ms"].as_f64().map(|ms| ms / 1e3),
+            }
+        })
+        .collect();
+    let url = report["params"]["url"].as_str().unwrap_or("").to_string();
+    write_plot(
+        &Args {
+            url,
+            out: Some(path),
+            ..a.clone()
+        },
+        &points,
+    )
 }
 
 fn report_path(a: &Args) -> String {

@@ -21,13 +21,14 @@ const TOP: f64 = 50.0;
 const BOTTOM: f64 = 60.0;
 const TICKS: usize = 5;
 
-/// A "nice" upper bound for an axis (1, 2 or 5 times a power of ten).
+/// A "nice" upper bound for an axis: the next of 1, 1.5, 2, 2.5, 3, 4, 5, 6, 8
+/// times a power of ten (each divides into five even ticks).
 fn nice_max(v: f64) -> f64 {
     if v <= 0.0 || !v.is_finite() {
         return 1.0;
     }
     let p = 10f64.powf(v.log10().floor());
-    for m in [1.0, 2.0, 5.0, 10.0] {
+    for m in [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0] {
         if v <= m * p {
             return m * p;
         }
@@ -167,9 +168,11 @@ mod tests {
     fn nice_axis_bounds() {
         assert_eq!(nice_max(0.0), 1.0);
         assert_eq!(nice_max(0.7), 1.0);
-        assert_eq!(nice_max(1.3), 2.0);
-        assert_eq!(nice_max(3.1), 5.0);
-        assert_eq!(nice_max(61.0), 100.0);
+        assert_eq!(nice_max(1.3), 1.5);
+        assert_eq!(nice_max(2.61), 3.0);
+        assert_eq!(nice_max(3.1), 4.0);
+        assert_eq!(nice_max(61.0), 80.0);
+        assert_eq!(nice_max(85.0), 100.0);
     }
 
     #[test]

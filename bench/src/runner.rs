@@ -74,17 +74,8 @@ impl Report {
 /// thread; an arrival that finds every client busy is counted, never dropped silently.
 pub fn open_loop(cfg: &RunConfig, phases: &[Phase]) -> Report {
     let schedule = poisson_schedule(phases, cfg.seed);
-    let stats: Vec<Mutex<Stats>> = phases
-        .iter()
-        .map(|_| Mutex::new(Stats::new(cfg.slo)))
-        .collect();
-    let stats = Arc::new(stats);
-    let progress = Arc::new(Progress::default());
-    let before = server_metrics(&cfg.target);
-    let sampler = TargetSampler::start(cfg.pid);
-    let stop_progress = Arc::new(AtomicBool::new(false));
-    let progress_thread =
-        spawn_progress(cfg.quiet, Arc::clone(&progress), Arc::clone(&stop_progress));
+    let session = Session::begin(cfg, phases.len());
+    let (stats, progress) = (Arc::clone(&session.stats), Arc::clone(&session.progress));
 
     // A zero-capacity channel: `try_send` succeeds only if a client is waiting.
     let (tx, rx) = bounded::<(crate::workload::RequestSpec, Instant, usize, u64)>(0);
@@ -117,17 +108,8 @@ pub fn open_loop(cfg: &RunConfig, phases: &[Phase]) -> Report {
         match tx.try_send((spec.clone(), at, phase, rng.next_u64())) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                let o = Outcome {
-                    kind: Kind::Overflow,
-                    status: None,
-                    attempts: 0,
-                    ttft: None,
-                    itls: Vec::new(),
-                    decode: None,
-                    e2e: Duration::ZERO,
-                    tokens: 0,
-                    long: spec.long,
-                };
+                let mut o = Outcome::new(Kind::Overflow, spec.long);
+                o.attempts = 0;
                 note(&progress, &o);
                 stats[phase].lock().expect("stats lock").record(&o);
             }
@@ -137,33 +119,19 @@ pub fn open_loop(cfg: &RunConfig, phases: &[Phase]) -> Report {
     for c in clients {
         let _ = c.join();
     }
-    finish(
-        cfg,
-        phases,
-        stats,
-        start,
-        before,
-        sampler,
-        stop_progress,
-        progress_thread,
-    )
+    drop((stats, progress));
+    session.end(cfg, phases)
 }
 
 /// Closed loop: `concurrency` clients, each sending its next request as soon as
 /// the previous one ends, for `duration`.
 pub fn closed_loop(cfg: &RunConfig, concurrency: usize, duration: Duration) -> Report {
-    let stats = Arc::new(vec![Mutex::new(Stats::new(cfg.slo))]);
-    let progress = Arc::new(Progress::default());
-    let before = server_metrics(&cfg.target);
-    let sampler = TargetSampler::start(cfg.pid);
-    let stop_progress = Arc::new(AtomicBool::new(false));
-    let progress_thread =
-        spawn_progress(cfg.quiet, Arc::clone(&progress), Arc::clone(&stop_progress));
-    let start = Instant::now();
+    let session = Session::begin(cfg, 1);
+    let start = session.start;
     let clients: Vec<_> = (0..concurrency)
         .map(|i| {
             let (target, workload) = (cfg.target.clone(), cfg.workload.clone());
-            let (stats, progress) = (Arc::clone(&stats), Arc::clone(&progress));
+            let (stats, progress) = (Arc::clone(&session.stats), Arc::clone(&session.progress));
             let mut rng = Rng::new(cfg.seed.wrapping_add(i as u64 * 7919));
             std::thread::spawn(move || {
                 while start.elapsed() < duration {
@@ -184,16 +152,7 @@ pub fn closed_loop(cfg: &RunConfig, concurrency: usize, duration: Duration) -> R
         rate_per_s: f64::NAN,
         duration: start.elapsed(),
     }];
-    finish(
-        cfg,
-        &phases,
-        stats,
-        start,
-        before,
-        sampler,
-        stop_progress,
-        progress_thread,
-    )
+    session.end(cfg, &phases)
 }
 
 fn note(p: &Progress, o: &Outcome) {
@@ -206,42 +165,68 @@ fn note(p: &Progress, o: &Outcome) {
     };
 }
 
-#[allow(clippy::too_many_arguments)]
-fn finish(
-    cfg: &RunConfig,
-    phases: &[Phase],
+/// What both loops set up before the first request and read after the last:
+/// per-phase stats, the progress line, the target sampler, `/metrics` before.
+struct Session {
     stats: Arc<Vec<Mutex<Stats>>>,
-    start: Instant,
+    progress: Arc<Progress>,
     before: Option<Value>,
     sampler: TargetSampler,
     stop_progress: Arc<AtomicBool>,
     progress_thread: Option<std::thread::JoinHandle<()>>,
-) -> Report {
-    let wall = start.elapsed();
-    stop_progress.store(true, Ordering::Relaxed);
-    if let Some(t) = progress_thread {
-        let _ = t.join();
+    start: Instant,
+}
+
+impl Session {
+    fn begin(cfg: &RunConfig, n_phases: usize) -> Session {
+        let stats = (0..n_phases)
+            .map(|_| Mutex::new(Stats::new(cfg.slo)))
+            .collect();
+        let progress = Arc::new(Progress::default());
+        let stop_progress = Arc::new(AtomicBool::new(false));
+        Session {
+            stats: Arc::new(stats),
+            before: server_metrics(&cfg.target),
+            sampler: TargetSampler::start(cfg.pid),
+            progress_thread: spawn_progress(
+                cfg.quiet,
+                Arc::clone(&progress),
+                Arc::clone(&stop_progress),
+            ),
+            progress,
+            stop_progress,
+            start: Instant::now(),
+        }
     }
-    let after = server_metrics(&cfg.target);
-    let server_metrics = match (before, after) {
-        (Some(b), Some(a)) => metrics_delta(&b, &a),
-        _ => Value::Null,
-    };
-    let stats =
-        Arc::try_unwrap(stats).unwrap_or_else(|_| panic!("client threads still hold the stats"));
-    Report {
-        phases: phases
-            .iter()
-            .copied()
-            .zip(
-                stats
-                    .into_iter()
-                    .map(|m| m.into_inner().expect("stats lock")),
-            )
-            .collect(),
-        target: sampler.stop(),
-        server_metrics,
-        wall,
+
+    /// Call once every client thread has ended.
+    fn end(self, cfg: &RunConfig, phases: &[Phase]) -> Report {
+        let wall = self.start.elapsed();
+        self.stop_progress.store(true, Ordering::Relaxed);
+        if let Some(t) = self.progress_thread {
+            let _ = t.join();
+        }
+        let after = server_metrics(&cfg.target);
+        let server_metrics = match (self.before, after) {
+            (Some(b), Some(a)) => metrics_delta(&b, &a),
+            _ => Value::Null,
+        };
+        let stats = Arc::try_unwrap(self.stats)
+            .unwrap_or_else(|_| panic!("client threads still hold the stats"));
+        Report {
+            phases: phases
+                .iter()
+                .copied()
+                .zip(
+                    stats
+                        .into_iter()
+                        .map(|m| m.into_inner().expect("stats lock")),
+                )
+                .collect(),
+            target: self.sampler.stop(),
+            server_metrics,
+            wall,
+        }
     }
 }
 

@@ -74,6 +74,23 @@ pub struct Outcome {
     pub long: bool,
 }
 
+impl Outcome {
+    /// An outcome with no response yet; the client fills it in as it goes.
+    pub fn new(kind: Kind, long: bool) -> Outcome {
+        Outcome {
+            kind,
+            status: None,
+            attempts: 1,
+            ttft: None,
+            itls: Vec::new(),
+            decode: None,
+            e2e: Duration::ZERO,
+            tokens: 0,
+            long,
+        }
+    }
+}
+
 /// Service-level objective for goodput.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slo {

@@ -234,27 +234,20 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         model: &state.cfg.model_name,
         api,
     };
-    let mut outcome = if valid.stream {
-        stream_reply(
-            req,
-            &meta,
-            &valid,
-            echo_text,
-            &rx,
-            t0,
-            state.cfg.request_timeout_ms,
-        )
+    let reply = if valid.stream {
+        stream_reply
     } else {
-        whole_reply(
-            req,
-            &meta,
-            &valid,
-            echo_text,
-            &rx,
-            t0,
-            state.cfg.request_timeout_ms,
-        )
+        whole_reply
     };
+    let mut outcome = reply(
+        req,
+        &meta,
+        &valid,
+        echo_text,
+        &rx,
+        t0,
+        state.cfg.request_timeout_ms,
+    );
     if outcome.usage.prompt_tokens == 0 {
         outcome.usage.prompt_tokens = prompt_tokens;
     }
