@@ -167,7 +167,7 @@ mod tests {
     #[test]
     fn nice_axis_bounds() {
         assert_eq!(nice_max(0.0), 1.0);
-        assert_eq!(nice_max(0.7), 1.0);
+        assert_eq!(nice_max(0.7), 0.8);
         assert_eq!(nice_max(1.3), 1.5);
         assert_eq!(nice_max(2.61), 3.0);
         assert_eq!(nice_max(3.1), 4.0);
