@@ -1,13 +1,14 @@
 //! Start-up: parse the command line, load the model, wire the stages together.
 
-use crate::admission::Admission;
+use crate::admission::{derive_bounds, Admission, QueueGauge, Rates};
 use crate::config::{Cli, Command, Config};
-use crate::engine::ffi::{self, Context, ContextParams};
-use crate::engine::{self, EngineConfig};
+use crate::engine::calibration::Calibration;
+use crate::engine::ffi::{self, Context, ContextParams, Model};
+use crate::engine::{self, EngineConfig, Job};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::prompt::{Prompter, Template};
-use crossbeam_channel::bounded;
+use crossbeam_channel::{bounded, Receiver};
 use std::net::TcpListener;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -38,6 +39,11 @@ fn print_version() {
     println!("llama.cpp: {}", ffi::system_info());
 }
 
+/// Prompt tokens and decode steps of the start-up calibration (about a second
+/// on a 2-core box).
+const CALIBRATION_PROMPT_TOKENS: usize = 128;
+const CALIBRATION_STEPS: usize = 16;
+
 fn serve(cfg: Config) -> Result<(), String> {
     ffi::set_current_thread_name("sluice-main");
     ffi::backend_init(cfg.verbose);
@@ -50,11 +56,13 @@ fn serve(cfg: Config) -> Result<(), String> {
     });
     let prompter = Prompter::new(Arc::clone(&model));
     let metrics = Arc::new(Metrics::default());
-    let (admission, jobs) = Admission::new(cfg.queue_depth_max, Arc::clone(&metrics));
 
     // The engine thread creates the context: ggml pins the creating thread as its
     // worker 0, and the workers it starts inherit the name the thread has then.
-    let (ready_tx, ready_rx) = bounded::<Result<usize, String>>(1);
+    // It calibrates, reports, and waits for its queue, which is sized from that.
+    type Ready = Result<(usize, Option<Calibration>), String>;
+    let (ready_tx, ready_rx) = bounded::<Ready>(1);
+    let (queue_tx, queue_rx) = bounded::<(Receiver<Job>, Arc<QueueGauge>)>(1);
     let engine_cfg = EngineConfig {
         parallel: cfg.parallel,
         n_ctx,
@@ -62,6 +70,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         cpus: cfg.cpus.clone(),
         poll: cfg.poll,
     };
+    let calibrate = cfg.rates.is_none();
     let engine_thread = {
         let model = Arc::clone(&model);
         let metrics = Arc::clone(&metrics);
@@ -78,21 +87,73 @@ fn serve(cfg: Config) -> Result<(), String> {
                 };
                 let ctx = Context::new(Arc::clone(&model), &params);
                 ffi::set_current_thread_name("sluice-engine");
-                match ctx {
-                    Ok(ctx) => {
-                        let _ = ready_tx.send(Ok(ctx.n_ctx()));
-                        engine::run(model, ctx, engine_cfg, jobs, metrics);
-                    }
+                let mut ctx = match ctx {
+                    Ok(ctx) => ctx,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
+                        return;
                     }
+                };
+                let calibration = if calibrate {
+                    match start_up_calibration(&model, &mut ctx, &engine_cfg) {
+                        Ok(c) => Some(c),
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e));
+                            return;
+                        }
+                    }
+                } else {
+                    None
+                };
+                let _ = ready_tx.send(Ok((ctx.n_ctx(), calibration)));
+                if let Ok((jobs, gauge)) = queue_rx.recv() {
+                    engine::run(model, ctx, engine_cfg, jobs, metrics, gauge);
                 }
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?
     };
-    let n_ctx = ready_rx
+    let (n_ctx, calibration) = ready_rx
         .recv()
         .map_err(|_| "the engine thread died while starting".to_string())??;
+
+    let rates = match (cfg.rates, calibration) {
+        (Some(r), _) => r,
+        (None, Some(c)) => {
+            eprintln!(
+                "sluice: calibration ({:.1} s): prefill {:.0} tok/s in {}-token chunks; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}",
+                c.seconds, c.prefill_tok_s, cfg.step_tokens_max, c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel
+            );
+            Rates {
+                prefill_tok_s: c.prefill_tok_s,
+                decode_tok_s: c.decode_tok_s_parallel,
+            }
+        }
+        (None, None) => unreachable!("the engine calibrates when no rates are given"),
+    };
+    let bounds = derive_bounds(
+        rates,
+        cfg.typical,
+        cfg.queue_wait,
+        cfg.queue_depth,
+        cfg.queue_depth_cap,
+    );
+    eprintln!(
+        "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {} (mu_prefill {:.0} tok/s x W_max)",
+        bounds.mu_req,
+        cfg.typical.prompt_tokens,
+        cfg.typical.max_tokens,
+        cfg.queue_wait.as_millis(),
+        bounds.queue_depth_max,
+        if cfg.queue_depth.is_some() { " (set by --queue-depth)" } else { "" },
+        bounds.queued_tokens_max,
+        rates.prefill_tok_s
+    );
+    let http_threads = cfg.http_threads(bounds.queue_depth_max)?;
+    let (admission, jobs, gauge) =
+        Admission::new(cfg.parallel, rates, bounds, Arc::clone(&metrics));
+    queue_tx
+        .send((jobs, Arc::clone(&gauge)))
+        .map_err(|_| "the engine thread died while starting".to_string())?;
 
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let listener = TcpListener::bind(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
@@ -109,19 +170,20 @@ fn serve(cfg: Config) -> Result<(), String> {
         model.description()
     );
     eprintln!(
-        "sluice: {} compute threads pinned to CPUs {:?}; {} parallel sequences; step budget {} tokens; queue depth {}; {} HTTP handlers",
+        "sluice: {} compute threads pinned to CPUs {:?}; {} parallel sequences; step budget {} tokens; {} HTTP handlers",
         cfg.cpus.len(),
         cfg.cpus,
         cfg.parallel,
         cfg.step_tokens_max,
-        cfg.queue_depth_max,
-        cfg.http_threads
+        http_threads
     );
     let state = Arc::new(AppState {
         prompter,
         admission,
+        queue: gauge,
         metrics,
         n_ctx,
+        http_threads,
         next_id: AtomicU64::new(1),
         started_unix_s: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -136,4 +198,26 @@ fn serve(cfg: Config) -> Result<(), String> {
         .join()
         .map_err(|_| "the engine thread panicked".to_string())?;
     Err("the engine stopped".into())
+}
+
+/// Measures this machine on the loaded model before any request is taken.
+fn start_up_calibration(
+    model: &Model,
+    ctx: &mut Context,
+    cfg: &EngineConfig,
+) -> Result<Calibration, String> {
+    // Every calibration sequence must fit the context: prompt + warm-up + steps.
+    let per_seq = cfg.n_ctx / cfg.parallel.max(1);
+    let room = per_seq.saturating_sub(CALIBRATION_STEPS + engine::calibration::WARMUP_STEPS + 1);
+    let n = CALIBRATION_PROMPT_TOKENS.min(room);
+    if n < 8 {
+        return Err(format!(
+            "--ctx {} is too small to calibrate {} parallel sequences; give --mu-prefill and --mu-decode",
+            cfg.n_ctx, cfg.parallel
+        ));
+    }
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(n);
+    let mut prompt = model.tokenize(&text, true, false)?;
+    prompt.truncate(n);
+    engine::calibration::measure(ctx, &prompt, cfg.parallel, CALIBRATION_STEPS)
 }

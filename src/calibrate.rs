@@ -3,14 +3,12 @@
 //! against. Same context setup as `serve` (unified KV, one pinned threadpool).
 
 use crate::config::{compute_cpus, CalibrateArgs};
-use crate::engine::ffi::{self, Batch, Context, ContextParams};
+use crate::engine::calibration::{time_decode, WARMUP_STEPS};
+use crate::engine::ffi::{self, Context, ContextParams};
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Batch sizes (concurrent sequences) timed.
 const BATCH_SIZES: [usize; 2] = [1, 4];
-/// Steps run untimed first, so that caches and the threadpool are warm.
-const WARMUP_STEPS: usize = 8;
 
 pub fn run(args: CalibrateArgs) -> Result<(), String> {
     if args.steps == 0 || args.prompt_tokens == 0 {
@@ -57,44 +55,4 @@ pub fn run(args: CalibrateArgs) -> Result<(), String> {
     }
     println!("{{{}}}", results.join(", "));
     Ok(())
-}
-
-/// Prefills `prompt` into `n_seq` sequences, then times `steps` decode steps
-/// that each carry one token per sequence. Returns aggregate tokens per second.
-fn time_decode(
-    ctx: &mut Context,
-    prompt: &[ffi::Token],
-    n_seq: usize,
-    steps: usize,
-) -> Result<f64, String> {
-    let mut batch = Batch::new(ctx.n_batch());
-    for seq in 0..n_seq {
-        ctx.clear_sequence(seq as i32);
-        batch.clear();
-        for (pos, &t) in prompt.iter().enumerate() {
-            batch.push(t, pos as i32, seq as i32, pos + 1 == prompt.len());
-        }
-        ctx.decode(&batch)
-            .map_err(|e| format!("prefill failed: {e:?}"))?;
-    }
-    let token = prompt[prompt.len() - 1];
-    let mut started = Instant::now();
-    for (step, pos) in (0..WARMUP_STEPS + steps).zip(prompt.len()..) {
-        if step == WARMUP_STEPS {
-            started = Instant::now();
-        }
-        batch.clear();
-        for seq in 0..n_seq {
-            batch.push(token, pos as i32, seq as i32, true);
-        }
-        ctx.decode(&batch)
-            .map_err(|e| format!("decode failed: {e:?}"))?;
-        // Read the logits as a server would before sampling.
-        let _ = ctx.logits(&batch, n_seq - 1)[0];
-    }
-    let secs = started.elapsed().as_secs_f64();
-    for seq in 0..n_seq {
-        ctx.clear_sequence(seq as i32);
-    }
-    Ok((steps * n_seq) as f64 / secs)
 }

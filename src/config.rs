@@ -4,20 +4,36 @@
 //! model on a small box, and a check of its relation to the other limits here,
 //! at start-up, rather than somewhere in the hot path.
 
+use crate::admission::{Rates, Typical, QUEUE_DEPTH_SAFE_MAX};
 use argh::FromArgs;
 use std::path::PathBuf;
+use std::time::Duration;
 
 pub const MODEL_PATH_DEFAULT: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Largest `--ctx`: llama.cpp accepts more, but a CPU box will not serve it.
 pub const CTX_TOKENS_MAX: usize = 131_072;
 /// llama.cpp's limit on sequence ids.
 pub const PARALLEL_MAX: usize = 256;
-/// Largest admission queue an operator may configure (the design caps it at 9
-/// unless told otherwise; see the admission issue).
-pub const QUEUE_DEPTH_MAX: usize = 64;
+/// Largest admission queue an operator may configure with `--queue-depth-unsafe`;
+/// without it the ceiling is `admission::QUEUE_DEPTH_SAFE_MAX` (9).
+pub const QUEUE_DEPTH_UNSAFE_MAX: usize = 4096;
 /// Handler threads beyond those that can be busy streaming, so that `/health`
 /// and `/metrics` are answered even when every slot and queue place is taken.
 pub const HTTP_SPARE_THREADS: usize = 4;
+
+impl Config {
+    /// Handler threads: as given, or enough for every running and queued request
+    /// to stream while health checks are still answered. Refuses a pool that
+    /// could leave no thread for them.
+    pub fn http_threads(&self, queue_depth_max: usize) -> Result<usize, String> {
+        let busy_max = self.parallel + queue_depth_max;
+        let n = self.http_threads.unwrap_or(busy_max + HTTP_SPARE_THREADS);
+        check_range("--http-threads", n, busy_max + 1, 8192).map_err(|e| {
+            format!("{e} (handlers of running and queued requests, plus one for /health)")
+        })?;
+        Ok(n)
+    }
+}
 
 #[derive(FromArgs, Debug)]
 /// sluice: a CPU-only LLM server whose every stage can say no, in time.
@@ -67,9 +83,29 @@ pub struct ServeArgs {
     /// (default: 64)
     #[argh(option, default = "64")]
     pub step_tokens: usize,
-    /// requests that may wait for a slot; more get 429 (default: 8)
-    #[argh(option, default = "8")]
-    pub queue_depth: usize,
+    /// queueing budget for time to first token, in ms: the queue holds what this
+    /// machine serves in that time (Little's law) (default: 5000)
+    #[argh(option, default = "5000")]
+    pub queue_wait_ms: u64,
+    /// requests that may wait for a slot, instead of the derived bound (at most 9)
+    #[argh(option)]
+    pub queue_depth: Option<usize>,
+    /// allow --queue-depth above 9 (waits past any useful budget; for comparisons)
+    #[argh(switch)]
+    pub queue_depth_unsafe: bool,
+    /// prefill rate in prompt tokens/s; with --mu-decode, skips calibration
+    #[argh(option)]
+    pub mu_prefill: Option<f64>,
+    /// aggregate decode rate in tokens/s at --parallel sequences; with --mu-prefill,
+    /// skips calibration
+    #[argh(option)]
+    pub mu_decode: Option<f64>,
+    /// prompt tokens of a typical request, for the request service rate (default: 128)
+    #[argh(option, default = "128")]
+    pub typical_prompt_tokens: usize,
+    /// generated tokens of a typical request, for the request service rate (default: 128)
+    #[argh(option, default = "128")]
+    pub typical_max_tokens: usize,
     /// max_tokens when a request gives none (default: 512)
     #[argh(option, default = "512")]
     pub max_tokens_default: usize,
@@ -126,12 +162,20 @@ pub struct Config {
     pub ctx_tokens: Option<usize>,
     pub parallel: usize,
     pub step_tokens_max: usize,
-    pub queue_depth_max: usize,
+    pub queue_wait: Duration,
+    /// The operator's queue depth, instead of the derived one.
+    pub queue_depth: Option<usize>,
+    /// Highest queue depth allowed: 9, or more with `--queue-depth-unsafe`.
+    pub queue_depth_cap: usize,
+    /// Rates given on the command line; `None` means calibrate at start-up.
+    pub rates: Option<Rates>,
+    pub typical: Typical,
     pub max_tokens_default: usize,
     pub body_bytes_max: usize,
     pub stream_buffer_tokens: usize,
     pub request_timeout_ms: u64,
-    pub http_threads: usize,
+    /// `None`: parallel + queue depth + spare, once the depth is known.
+    pub http_threads: Option<usize>,
     pub poll: u32,
     pub verbose: bool,
 }
@@ -140,7 +184,55 @@ impl Config {
     pub fn from_args(a: ServeArgs) -> Result<Config, String> {
         let cpus = compute_cpus(a.threads)?;
         check_range("--parallel", a.parallel, 1, PARALLEL_MAX)?;
-        check_range("--queue-depth", a.queue_depth, 1, QUEUE_DEPTH_MAX)?;
+        let queue_depth_cap = if a.queue_depth_unsafe {
+            QUEUE_DEPTH_UNSAFE_MAX
+        } else {
+            QUEUE_DEPTH_SAFE_MAX
+        };
+        if let Some(d) = a.queue_depth {
+            check_range("--queue-depth", d, 1, queue_depth_cap).map_err(|e| {
+                if a.queue_depth_unsafe {
+                    e
+                } else {
+                    format!("{e} (a deeper queue only turns refusals into waits; --queue-depth-unsafe allows it)")
+                }
+            })?;
+        }
+        if a.queue_wait_ms == 0 || a.queue_wait_ms > 3_600_000 {
+            return Err(format!(
+                "--queue-wait-ms is {}; it must be 1 to 3600000",
+                a.queue_wait_ms
+            ));
+        }
+        let rates =
+            match (a.mu_prefill, a.mu_decode) {
+                (None, None) => None,
+                (Some(p), Some(d)) if p > 0.0 && d > 0.0 && p.is_finite() && d.is_finite() => {
+                    Some(Rates {
+                        prefill_tok_s: p,
+                        decode_tok_s: d,
+                    })
+                }
+                (Some(_), Some(_)) => {
+                    return Err("--mu-prefill and --mu-decode must be positive".into())
+                }
+                _ => return Err(
+                    "give both --mu-prefill and --mu-decode, or neither (then sluice calibrates)"
+                        .into(),
+                ),
+            };
+        check_range(
+            "--typical-prompt-tokens",
+            a.typical_prompt_tokens,
+            1,
+            CTX_TOKENS_MAX,
+        )?;
+        check_range(
+            "--typical-max-tokens",
+            a.typical_max_tokens,
+            1,
+            CTX_TOKENS_MAX,
+        )?;
         check_range("--step-tokens", a.step_tokens, a.parallel, 8192)
             .map_err(|e| format!("{e} (every running sequence needs a token in each step, so it must be at least --parallel)"))?;
         if let Some(ctx) = a.ctx {
@@ -165,12 +257,9 @@ impl Config {
         if a.poll > 100 {
             return Err(format!("--poll is {}; it must be 0 to 100", a.poll));
         }
-        // Streaming handlers block on their stream: keep threads for health checks.
-        let busy_max = a.parallel + a.queue_depth;
-        let http_threads = a.http_threads.unwrap_or(busy_max + HTTP_SPARE_THREADS);
-        check_range("--http-threads", http_threads, busy_max + 1, 1024).map_err(|e| {
-            format!("{e} (handlers of running and queued requests, plus one for /health)")
-        })?;
+        if let Some(n) = a.http_threads {
+            check_range("--http-threads", n, 2, 8192)?;
+        }
         let model_name = a.model_name.unwrap_or_else(|| {
             a.model
                 .file_name()
@@ -186,12 +275,19 @@ impl Config {
             ctx_tokens: a.ctx,
             parallel: a.parallel,
             step_tokens_max: a.step_tokens,
-            queue_depth_max: a.queue_depth,
+            queue_wait: Duration::from_millis(a.queue_wait_ms),
+            queue_depth: a.queue_depth,
+            queue_depth_cap,
+            rates,
+            typical: Typical {
+                prompt_tokens: a.typical_prompt_tokens,
+                max_tokens: a.typical_max_tokens,
+            },
             max_tokens_default: a.max_tokens_default,
             body_bytes_max: a.max_body_bytes,
             stream_buffer_tokens: a.stream_buffer_tokens,
             request_timeout_ms: a.request_timeout_ms,
-            http_threads,
+            http_threads: a.http_threads,
             poll: a.poll,
             verbose: a.verbose,
         })

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub accepted: AtomicU64,
     /// Requests refused because the admission queue was full.
     pub rejected_queue_full: AtomicU64,
+    /// Requests refused because their prompt would break the queued-token budget.
+    pub rejected_token_budget: AtomicU64,
     /// Requests refused by validation (4xx).
     pub invalid: AtomicU64,
     /// Requests that ended with a complete response.
@@ -38,7 +40,6 @@ pub struct Metrics {
     pub step_tokens: AtomicU64,
     /// Steps that held decode tokens and a prefill chunk together.
     pub steps_mixed: AtomicU64,
-    pub queue_depth: AtomicUsize,
     active_sequences: AtomicUsize,
     paused_sequences: AtomicUsize,
     kv_cells_reserved: AtomicUsize,
@@ -52,6 +53,7 @@ impl Default for Metrics {
         Metrics {
             accepted: AtomicU64::new(0),
             rejected_queue_full: AtomicU64::new(0),
+            rejected_token_budget: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             cancelled_disconnect: AtomicU64::new(0),
@@ -61,7 +63,6 @@ impl Default for Metrics {
             steps: AtomicU64::new(0),
             step_tokens: AtomicU64::new(0),
             steps_mixed: AtomicU64::new(0),
-            queue_depth: AtomicUsize::new(0),
             active_sequences: AtomicUsize::new(0),
             paused_sequences: AtomicUsize::new(0),
             kv_cells_reserved: AtomicUsize::new(0),
@@ -130,8 +131,10 @@ impl Metrics {
             "# HELP sluice_requests_rejected_total Requests refused before admission, by reason.\n\
              # TYPE sluice_requests_rejected_total counter\n\
              sluice_requests_rejected_total{{reason=\"queue_full\"}} {}\n\
+             sluice_requests_rejected_total{{reason=\"token_budget\"}} {}\n\
              sluice_requests_rejected_total{{reason=\"invalid\"}} {}",
             l(&self.rejected_queue_full),
+            l(&self.rejected_token_budget),
             l(&self.invalid)
         );
         counter(
@@ -184,12 +187,6 @@ impl Metrics {
             l(&self.steps_mixed),
         );
         let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
-        gauge(
-            &mut out,
-            "sluice_queue_depth",
-            "Requests waiting in the admission queue.",
-            g(&self.queue_depth),
-        );
         gauge(
             &mut out,
             "sluice_sequences_active",

@@ -7,11 +7,13 @@
 //! detokenize and `try_send` each sequence's token on its own bounded stream.
 //! `Full` pauses the sequence; `Disconnected` cancels it and frees its KV cells.
 
+pub mod calibration;
 pub mod ffi;
 pub mod logprobs;
 pub mod planner;
 pub mod text;
 
+use crate::admission::QueueGauge;
 use crate::metrics::Metrics;
 use crate::stream::{ErrorKind, Event, FinishReason, TokenLogprob, Usage};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
@@ -112,6 +114,7 @@ pub fn run(
     cfg: EngineConfig,
     jobs: Receiver<Job>,
     metrics: Arc<Metrics>,
+    queue: Arc<QueueGauge>,
 ) {
     assert!(
         cfg.step_tokens_max >= cfg.parallel,
@@ -130,6 +133,7 @@ pub fn run(
         admitted: 0,
         cfg,
         metrics,
+        queue,
     };
     loop {
         engine.deliver_outboxes(&mut ctx);
@@ -158,6 +162,9 @@ struct Engine {
     admitted: u64,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
+    /// Admission's count of the load: told when a job gets a slot and when it
+    /// leaves it.
+    queue: Arc<QueueGauge>,
 }
 
 impl Engine {
@@ -191,9 +198,6 @@ impl Engine {
                     }
                 },
             };
-            self.metrics
-                .queue_depth
-                .store(jobs.len(), Ordering::Relaxed);
             let cells = job.kv_cells();
             if self.kv_cells_reserved + cells > self.cfg.n_ctx {
                 self.waiting = Some(job);
@@ -201,6 +205,7 @@ impl Engine {
             }
             self.kv_cells_reserved += cells;
             self.admitted += 1;
+            self.queue.started(job.prompt.len());
             let wait = job.enqueued_at.elapsed();
             self.metrics.record_queue_wait(wait);
             let seq = Seq {
@@ -468,6 +473,7 @@ impl Engine {
         }
         if gone || done {
             self.slots[slot] = None;
+            self.queue.finished();
         }
     }
 

@@ -6,6 +6,15 @@
 
 use serde_json::json;
 
+/// Which admission bound a refused request would have broken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueBound {
+    /// The number of waiting requests.
+    Requests,
+    /// The prompt tokens waiting.
+    Tokens,
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ApiError {
     /// The body is not JSON, or a field has the wrong type or value.
@@ -31,9 +40,14 @@ pub enum ApiError {
         method: String,
         path: String,
     },
-    /// The admission queue is full.
+    /// Admitting the request would break a queue bound.
     QueueFull {
-        depth: usize,
+        bound: QueueBound,
+        queued: usize,
+        queue_depth_max: usize,
+        queued_tokens: usize,
+        queued_tokens_max: usize,
+        prompt_tokens: usize,
         retry_after_s: u64,
     },
     /// The engine failed or went away while serving the request.
@@ -76,7 +90,14 @@ impl ApiError {
             ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
             ApiError::NotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
-            ApiError::QueueFull { .. } => "queue_full",
+            ApiError::QueueFull {
+                bound: QueueBound::Requests,
+                ..
+            } => "queue_full",
+            ApiError::QueueFull {
+                bound: QueueBound::Tokens,
+                ..
+            } => "queue_token_budget",
             ApiError::Engine { .. } => "engine_error",
             ApiError::Timeout { .. } => "request_timeout",
         }
@@ -106,8 +127,27 @@ impl ApiError {
             }
             ApiError::NotFound { path } => format!("no route for {path}"),
             ApiError::MethodNotAllowed { method, path } => format!("{method} is not allowed on {path}"),
-            ApiError::QueueFull { depth, retry_after_s } => format!(
-                "server is at capacity: {depth} requests are already waiting; retry after {retry_after_s} s"
+            ApiError::QueueFull {
+                bound: QueueBound::Requests,
+                queued,
+                queue_depth_max,
+                retry_after_s,
+                ..
+            } => format!(
+                "server is at capacity: {queued} requests are waiting, the most this server queues \
+                 (its queue depth is {queue_depth_max}); estimated wait {retry_after_s} s, retry after that"
+            ),
+            ApiError::QueueFull {
+                bound: QueueBound::Tokens,
+                queued_tokens,
+                queued_tokens_max,
+                prompt_tokens,
+                retry_after_s,
+                ..
+            } => format!(
+                "server is at capacity: {queued_tokens} prompt tokens are waiting and this prompt has \
+                 {prompt_tokens}; the queued-token budget is {queued_tokens_max}; estimated wait \
+                 {retry_after_s} s, retry after that"
             ),
             ApiError::Timeout { limit_ms } => {
                 format!("request took longer than the server's limit of {limit_ms} ms")
@@ -127,14 +167,30 @@ impl ApiError {
             ApiError::InvalidRequest { param, .. } => param.clone(),
             _ => None,
         };
-        json!({
+        let mut v = json!({
             "error": {
                 "message": self.message(),
                 "type": self.kind(),
                 "code": self.code(),
                 "param": param,
             }
-        })
+        });
+        if let ApiError::QueueFull {
+            queued,
+            queue_depth_max,
+            queued_tokens,
+            queued_tokens_max,
+            retry_after_s,
+            ..
+        } = self
+        {
+            v["error"]["queue"] = json!({
+                "depth": queued, "depth_max": queue_depth_max,
+                "prompt_tokens": queued_tokens, "prompt_tokens_max": queued_tokens_max,
+                "estimated_wait_s": retry_after_s,
+            });
+        }
+        v
     }
 }
 
@@ -155,11 +211,34 @@ mod tests {
     #[test]
     fn queue_full_is_429_with_retry_after() {
         let e = ApiError::QueueFull {
-            depth: 8,
-            retry_after_s: 2,
+            bound: QueueBound::Requests,
+            queued: 4,
+            queue_depth_max: 4,
+            queued_tokens: 300,
+            queued_tokens_max: 1000,
+            prompt_tokens: 20,
+            retry_after_s: 6,
         };
         assert_eq!(e.status(), 429);
-        assert_eq!(e.retry_after_s(), Some(2));
-        assert!(e.message().contains("8 requests"));
+        assert_eq!(e.retry_after_s(), Some(6));
+        assert!(
+            e.message().contains("4 requests are waiting"),
+            "{}",
+            e.message()
+        );
+        let v = e.to_json();
+        assert_eq!(v["error"]["code"], "queue_full");
+        assert_eq!(v["error"]["queue"]["estimated_wait_s"], 6);
+        let t = ApiError::QueueFull {
+            bound: QueueBound::Tokens,
+            queued: 1,
+            queue_depth_max: 4,
+            queued_tokens: 900,
+            queued_tokens_max: 1000,
+            prompt_tokens: 300,
+            retry_after_s: 5,
+        };
+        assert_eq!(t.code(), "queue_token_budget");
+        assert!(t.message().contains("budget is 1000"), "{}", t.message());
     }
 }

@@ -15,7 +15,7 @@ pub mod openai;
 pub mod sse;
 pub mod validation;
 
-use crate::admission::Admission;
+use crate::admission::{Admission, QueueGauge};
 use crate::config::Config;
 use crate::engine::ffi::{self, SamplingParams};
 use crate::engine::{GenParams, Job};
@@ -39,7 +39,10 @@ pub struct AppState {
     pub cfg: Config,
     pub prompter: Prompter,
     pub admission: Admission,
+    /// What is waiting in admission, and the bounds (for `/metrics`).
+    pub queue: Arc<QueueGauge>,
     pub metrics: Arc<Metrics>,
+    pub http_threads: usize,
     /// KV cells in the context: no request may need more.
     pub n_ctx: usize,
     pub next_id: AtomicU64,
@@ -58,7 +61,7 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Vec<JoinHand
     ffi::set_current_thread_name("sluice-main");
     let server = Arc::new(server.map_err(|e| format!("cannot start the HTTP server: {e}"))?);
 
-    let n = state.cfg.http_threads;
+    let n = state.http_threads;
     let mut handles = Vec::with_capacity(n);
     // "Listening" is only said once every handler runs under its own name.
     let (started_tx, started_rx) = bounded::<()>(n);
@@ -118,9 +121,44 @@ fn handle(state: &AppState, req: Request) {
                     state.cfg.parallel as f64,
                 ),
                 (
+                    "sluice_queue_depth",
+                    "Requests waiting in the admission queue for a slot.",
+                    state.queue.queued_requests() as f64,
+                ),
+                (
                     "sluice_queue_depth_max",
-                    "Admission queue bound.",
-                    state.cfg.queue_depth_max as f64,
+                    "Admission queue bound L_max (Little's law, or --queue-depth).",
+                    state.queue.bounds.queue_depth_max as f64,
+                ),
+                (
+                    "sluice_queued_prompt_tokens",
+                    "Prompt tokens waiting in the admission queue.",
+                    state.queue.queued_tokens() as f64,
+                ),
+                (
+                    "sluice_queued_prompt_tokens_max",
+                    "Budget of waiting prompt tokens (mu_prefill x W_max).",
+                    state.queue.bounds.queued_tokens_max as f64,
+                ),
+                (
+                    "sluice_mu_prefill_tokens_per_second",
+                    "Prefill rate the admission bounds are derived from.",
+                    state.queue.rates.prefill_tok_s,
+                ),
+                (
+                    "sluice_mu_decode_tokens_per_second",
+                    "Aggregate decode rate at --parallel sequences the bounds are derived from.",
+                    state.queue.rates.decode_tok_s,
+                ),
+                (
+                    "sluice_mu_requests_per_second",
+                    "Request service rate for the typical request.",
+                    state.queue.bounds.mu_req,
+                ),
+                (
+                    "sluice_queue_wait_budget_seconds",
+                    "W_max: the queueing budget for time to first token.",
+                    state.cfg.queue_wait.as_secs_f64(),
                 ),
                 (
                     "sluice_kv_cells",
@@ -130,7 +168,7 @@ fn handle(state: &AppState, req: Request) {
                 (
                     "sluice_http_threads",
                     "HTTP handler threads.",
-                    state.cfg.http_threads as f64,
+                    state.http_threads as f64,
                 ),
             ];
             let body = state.metrics.render(&gauges);

@@ -166,7 +166,15 @@ fn teacher_forcing_a_sequence_among_three_others_keeps_its_logits() {
     // A small step budget spreads the replay over many steps, each shared with
     // the three other sequences' decode tokens.
     let step_tokens = 16;
-    let srv = Server::start(&["--parallel", "4", "--step-tokens", &step_tokens.to_string()]);
+    // Explicit queue depth: the four requests may arrive while a step runs.
+    let srv = Server::start(&[
+        "--parallel",
+        "4",
+        "--queue-depth",
+        "4",
+        "--step-tokens",
+        &step_tokens.to_string(),
+    ]);
     let n_gen = 64;
 
     // Alone: greedy generation (decode steps of batch 1), echoing the prompt so

@@ -3,6 +3,7 @@
 //! They assert counts, states and orderings, never wall times: this machine is
 //! shared and noisy, and speed is measured by benchmarks instead.
 
+mod admission;
 mod api;
 mod batching;
 mod bench;

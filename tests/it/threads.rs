@@ -37,6 +37,11 @@ fn usable_cores() -> usize {
 fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
     let srv = Server::start(&[]);
     let cores = usable_cores();
+    let http_threads = srv.metric("sluice_http_threads") as usize;
+    assert_eq!(
+        http_threads,
+        4 + srv.metric("sluice_queue_depth_max") as usize + 4
+    );
     let idle = thread_counts(srv.pid());
 
     // Load: 4 streams decoding, plus 20 idle keep-alive connections.
@@ -78,8 +83,8 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
         );
         assert_eq!(
             counts.get("sluice-http-*"),
-            Some(&16),
-            "parallel 4 + queue 8 + 4 spare: {counts:?}"
+            Some(&http_threads),
+            "parallel + queue depth + 4 spare: {counts:?}"
         );
         assert_eq!(counts.get("sluice-main"), Some(&1), "{counts:?}");
         let known = [
