@@ -177,8 +177,9 @@ impl QueueGauge {
         self.publish(l);
     }
 
-    /// A reserved request never reached the engine.
-    fn unreserve(&self, prompt_tokens: usize) {
+    /// A reserved request left without a slot: it never reached the engine, or
+    /// the engine refused it at dequeue (shed, deadline passed).
+    pub fn dropped(&self, prompt_tokens: usize) {
         let mut l = self.load.lock().expect("queue gauge lock");
         l.requests -= 1;
         l.waiting_tokens -= prompt_tokens;
@@ -256,7 +257,7 @@ impl Admission {
             // The gate keeps the channel below its capacity, so only a stopped
             // engine gets here.
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.gauge.unreserve(tokens);
+                self.gauge.dropped(tokens);
                 Err(ApiError::Engine {
                     message: "the engine is not taking requests".into(),
                 })

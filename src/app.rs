@@ -69,6 +69,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         step_tokens_max: cfg.step_tokens_max,
         cpus: cfg.cpus.clone(),
         poll: cfg.poll,
+        shed: cfg.shed,
     };
     let calibrate = cfg.rates.is_none();
     let engine_thread = {
@@ -148,6 +149,14 @@ fn serve(cfg: Config) -> Result<(), String> {
         bounds.queued_tokens_max,
         rates.prefill_tok_s
     );
+    match cfg.shed {
+        Some((target, interval)) => eprintln!(
+            "sluice: shedding: sojourn target {} ms over {} ms intervals (CoDel)",
+            target.as_millis(),
+            interval.as_millis()
+        ),
+        None => eprintln!("sluice: shedding off (--no-shed)"),
+    }
     let http_threads = cfg.http_threads(bounds.queue_depth_max)?;
     let (admission, jobs, gauge) =
         Admission::new(cfg.parallel, rates, bounds, Arc::clone(&metrics));

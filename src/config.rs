@@ -45,6 +45,9 @@ pub struct Cli {
     pub command: Option<Command>,
 }
 
+// Parsed once at start-up, so its size does not matter, and argh cannot box a
+// subcommand.
+#[allow(clippy::large_enum_variant)]
 #[derive(FromArgs, Debug)]
 #[argh(subcommand)]
 pub enum Command {
@@ -93,6 +96,17 @@ pub struct ServeArgs {
     /// allow --queue-depth above 9 (waits past any useful budget; for comparisons)
     #[argh(switch)]
     pub queue_depth_unsafe: bool,
+    /// never shed on queue sojourn (for comparisons)
+    #[argh(switch)]
+    pub no_shed: bool,
+    /// sojourn target in ms (CoDel): shed while requests wait longer than this for
+    /// a whole interval (default: half of --queue-wait-ms)
+    #[argh(option)]
+    pub shed_target_ms: Option<u64>,
+    /// interval in ms over which the sojourn must stay above target before
+    /// shedding (CoDel; default: --queue-wait-ms)
+    #[argh(option)]
+    pub shed_interval_ms: Option<u64>,
     /// prefill rate in prompt tokens/s; with --mu-decode, skips calibration
     #[argh(option)]
     pub mu_prefill: Option<f64>,
@@ -167,6 +181,8 @@ pub struct Config {
     pub queue_depth: Option<usize>,
     /// Highest queue depth allowed: 9, or more with `--queue-depth-unsafe`.
     pub queue_depth_cap: usize,
+    /// CoDel's sojourn target and interval; `None` with `--no-shed`.
+    pub shed: Option<(Duration, Duration)>,
     /// Rates given on the command line; `None` means calibrate at start-up.
     pub rates: Option<Rates>,
     pub typical: Typical,
@@ -221,6 +237,16 @@ impl Config {
                         .into(),
                 ),
             };
+        let shed = if a.no_shed {
+            None
+        } else {
+            let target = a.shed_target_ms.unwrap_or(a.queue_wait_ms / 2).max(1);
+            let interval = a.shed_interval_ms.unwrap_or(a.queue_wait_ms).max(1);
+            Some((
+                Duration::from_millis(target),
+                Duration::from_millis(interval),
+            ))
+        };
         check_range(
             "--typical-prompt-tokens",
             a.typical_prompt_tokens,
@@ -278,6 +304,7 @@ impl Config {
             queue_wait: Duration::from_millis(a.queue_wait_ms),
             queue_depth: a.queue_depth,
             queue_depth_cap,
+            shed,
             rates,
             typical: Typical {
                 prompt_tokens: a.typical_prompt_tokens,

@@ -7,9 +7,9 @@
 
 use hdrhistogram::Histogram;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Latencies are recorded in microseconds, up to one hour, 3 significant digits.
 const LATENCY_US_MAX: u64 = 3_600_000_000;
@@ -34,6 +34,17 @@ pub struct Metrics {
     pub cancelled_disconnect: AtomicU64,
     /// Requests that ended with an engine error.
     pub failed: AtomicU64,
+    /// Requests shed at dequeue because the queue stood above its sojourn target.
+    pub shed_sojourn: AtomicU64,
+    /// Requests dropped at dequeue because their caller's deadline had passed.
+    pub dropped_deadline: AtomicU64,
+    /// CoDel is shedding.
+    pub shedding: AtomicBool,
+    /// Requests leave the queue above the sojourn target: the server is not ready.
+    pub sojourn_above_target: AtomicBool,
+    /// Milliseconds since `epoch` at the engine loop's last turn (liveness).
+    heartbeat_ms: AtomicU64,
+    epoch: Instant,
     pub tokens_generated: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub steps: AtomicU64,
@@ -58,6 +69,12 @@ impl Default for Metrics {
             completed: AtomicU64::new(0),
             cancelled_disconnect: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            shed_sojourn: AtomicU64::new(0),
+            dropped_deadline: AtomicU64::new(0),
+            shedding: AtomicBool::new(false),
+            sojourn_above_target: AtomicBool::new(false),
+            heartbeat_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
             tokens_generated: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             steps: AtomicU64::new(0),
@@ -81,6 +98,18 @@ fn record(h: &Mutex<Histogram<u64>>, d: Duration) {
 }
 
 impl Metrics {
+    /// The engine loop turned: it is alive.
+    pub fn beat(&self) {
+        let ms = self.epoch.elapsed().as_millis() as u64;
+        self.heartbeat_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Time since the engine loop last turned.
+    pub fn heartbeat_age(&self) -> Duration {
+        let last = Duration::from_millis(self.heartbeat_ms.load(Ordering::Relaxed));
+        self.epoch.elapsed().saturating_sub(last)
+    }
+
     pub fn record_queue_wait(&self, d: Duration) {
         record(&self.queue_wait, d);
     }
@@ -155,6 +184,27 @@ impl Metrics {
             "sluice_requests_failed_total",
             "Admitted requests that ended with an engine error.",
             l(&self.failed),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP sluice_requests_dropped_total Admitted requests that left the queue without running, by reason.\n\
+             # TYPE sluice_requests_dropped_total counter\n\
+             sluice_requests_dropped_total{{reason=\"shed_sojourn\"}} {}\n\
+             sluice_requests_dropped_total{{reason=\"deadline\"}} {}",
+            l(&self.shed_sojourn),
+            l(&self.dropped_deadline)
+        );
+        gauge(
+            &mut out,
+            "sluice_shedding",
+            "1 while the queue stands above its sojourn target and requests are shed.",
+            f64::from(u8::from(self.shedding.load(Ordering::Relaxed))),
+        );
+        gauge(
+            &mut out,
+            "sluice_ready",
+            "1 when requests leave the queue within the sojourn target (/readyz 200).",
+            f64::from(u8::from(!self.sojourn_above_target.load(Ordering::Relaxed))),
         );
         counter(
             &mut out,

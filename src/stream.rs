@@ -64,6 +64,10 @@ pub struct Usage {
 pub enum ErrorKind {
     /// llama.cpp failed to decode a batch holding this request.
     Engine,
+    /// Shed at dequeue: the queue has been standing above its sojourn target.
+    Shed { retry_after_s: u64 },
+    /// The caller's deadline passed before the request could start.
+    DeadlineExceeded,
 }
 
 /// The log-probability of one token, with the most likely alternatives.

@@ -8,14 +8,16 @@
 //! `Full` pauses the sequence; `Disconnected` cancels it and frees its KV cells.
 
 pub mod calibration;
+pub mod codel;
 pub mod ffi;
 pub mod logprobs;
 pub mod planner;
 pub mod text;
 
-use crate::admission::QueueGauge;
+use crate::admission::{retry_after_s, QueueGauge};
 use crate::metrics::Metrics;
 use crate::stream::{ErrorKind, Event, FinishReason, TokenLogprob, Usage};
+use codel::{Codel, Verdict};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use ffi::{Batch, Context, Model, SamplingParams, Token};
 use planner::{Phase, SeqView, Work};
@@ -52,6 +54,9 @@ pub struct Job {
     pub prompt: Vec<Token>,
     pub gen: GenParams,
     pub enqueued_at: Instant,
+    /// The caller's deadline (`X-Request-Timeout`, capped by the server's
+    /// ceiling): past it, the job is dropped before it costs a single FLOP.
+    pub deadline: Option<Instant>,
     pub events: Sender<Event>,
 }
 
@@ -69,6 +74,8 @@ pub struct EngineConfig {
     pub step_tokens_max: usize,
     pub cpus: Vec<usize>,
     pub poll: u32,
+    /// CoDel's sojourn target and interval; `None` sheds nothing (`--no-shed`).
+    pub shed: Option<(Duration, Duration)>,
 }
 
 /// One admitted request, bound to a slot (= llama.cpp sequence id).
@@ -131,11 +138,15 @@ pub fn run(
         waiting: None,
         kv_cells_reserved: 0,
         admitted: 0,
+        codel: cfg
+            .shed
+            .map(|(target, interval)| Codel::new(target, interval)),
         cfg,
         metrics,
         queue,
     };
     loop {
+        engine.metrics.beat();
         engine.deliver_outboxes(&mut ctx);
         let closed = engine.admit(&jobs);
         let plan = planner::plan_step(&engine.views(), engine.cfg.step_tokens_max);
@@ -165,6 +176,7 @@ struct Engine {
     /// Admission's count of the load: told when a job gets a slot and when it
     /// leaves it.
     queue: Arc<QueueGauge>,
+    codel: Option<Codel>,
 }
 
 impl Engine {
@@ -194,14 +206,45 @@ impl Engine {
                     Ok(job) => job,
                     Err(e) => {
                         closed = e.is_disconnected();
+                        // Nothing waits: a standing queue has drained.
+                        if let Some(c) = &mut self.codel {
+                            c.on_empty();
+                        }
                         break;
                     }
                 },
             };
+            let now = Instant::now();
+            // Dead work: its caller has given up, so it never costs a FLOP.
+            if job.deadline.is_some_and(|d| now >= d) {
+                let waited = now.saturating_duration_since(job.enqueued_at);
+                let message = format!(
+                    "the request's deadline passed after {} ms in the queue, before it could start; it was not run",
+                    waited.as_millis()
+                );
+                self.refuse(job, ErrorKind::DeadlineExceeded, message);
+                continue;
+            }
             let cells = job.kv_cells();
             if self.kv_cells_reserved + cells > self.cfg.n_ctx {
                 self.waiting = Some(job);
                 break;
+            }
+            let sojourn = now.saturating_duration_since(job.enqueued_at);
+            if let Some(Verdict::Shed) = self.codel.as_mut().map(|c| c.on_dequeue(sojourn, now)) {
+                let retry_after_s = retry_after_s(
+                    self.queue.queued_requests(),
+                    self.queue.queued_tokens(),
+                    self.queue.rates,
+                    self.queue.bounds,
+                );
+                let message = format!(
+                    "shed: requests have waited over the {} ms target for a whole interval (this one {} ms); retry after {retry_after_s} s",
+                    self.cfg.shed.map_or(0, |(t, _)| t.as_millis()),
+                    sojourn.as_millis()
+                );
+                self.refuse(job, ErrorKind::Shed { retry_after_s }, message);
+                continue;
             }
             self.kv_cells_reserved += cells;
             self.admitted += 1;
@@ -224,6 +267,20 @@ impl Engine {
         }
         self.publish_gauges();
         closed
+    }
+
+    /// Answers a job that leaves the queue without running, counts it, and
+    /// frees its place in admission.
+    fn refuse(&mut self, job: Job, kind: ErrorKind, message: String) {
+        self.queue.dropped(job.prompt.len());
+        let counter = match kind {
+            ErrorKind::DeadlineExceeded => &self.metrics.dropped_deadline,
+            ErrorKind::Shed { .. } => &self.metrics.shed_sojourn,
+            ErrorKind::Engine => &self.metrics.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        // The stream is empty: this is its first event, so it fits.
+        let _ = job.events.try_send(Event::Error { kind, message });
     }
 
     fn wait_for_work(&mut self, jobs: &Receiver<Job>) {
@@ -498,6 +555,14 @@ impl Engine {
             .count();
         self.metrics
             .set_engine_gauges(active, paused, self.kv_cells_reserved);
+        let (shedding, above) = self
+            .codel
+            .as_ref()
+            .map_or((false, false), |c| (c.is_shedding(), c.is_above_target()));
+        self.metrics.shedding.store(shedding, Ordering::Relaxed);
+        self.metrics
+            .sojourn_above_target
+            .store(above, Ordering::Relaxed);
     }
 }
 

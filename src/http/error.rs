@@ -50,6 +50,15 @@ pub enum ApiError {
         prompt_tokens: usize,
         retry_after_s: u64,
     },
+    /// Shed at dequeue: the queue stood above its sojourn target (CoDel).
+    Shed {
+        message: String,
+        retry_after_s: u64,
+    },
+    /// The caller's deadline passed before the request could start; it never ran.
+    DeadlineExceeded {
+        message: String,
+    },
     /// The engine failed or went away while serving the request.
     Engine {
         message: String,
@@ -77,6 +86,8 @@ impl ApiError {
             ApiError::UnsupportedMediaType { .. } => 415,
             ApiError::QueueFull { .. } => 429,
             ApiError::Engine { .. } => 500,
+            ApiError::Shed { .. } => 503,
+            ApiError::DeadlineExceeded { .. } => 504,
             ApiError::Timeout { .. } => 504,
         }
     }
@@ -99,14 +110,18 @@ impl ApiError {
                 ..
             } => "queue_token_budget",
             ApiError::Engine { .. } => "engine_error",
+            ApiError::Shed { .. } => "shed_sojourn",
+            ApiError::DeadlineExceeded { .. } => "deadline_exceeded",
             ApiError::Timeout { .. } => "request_timeout",
         }
     }
 
     fn kind(&self) -> &'static str {
         match self {
-            ApiError::QueueFull { .. } => "overloaded_error",
-            ApiError::Engine { .. } | ApiError::Timeout { .. } => "server_error",
+            ApiError::QueueFull { .. } | ApiError::Shed { .. } => "overloaded_error",
+            ApiError::Engine { .. }
+            | ApiError::Timeout { .. }
+            | ApiError::DeadlineExceeded { .. } => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -115,7 +130,9 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { message, .. }
             | ApiError::ContextLength { message }
-            | ApiError::Engine { message } => message.clone(),
+            | ApiError::Engine { message }
+            | ApiError::Shed { message, .. }
+            | ApiError::DeadlineExceeded { message } => message.clone(),
             ApiError::BodyTooLarge { limit, given: Some(n) } => {
                 format!("request body has {n} bytes; the limit is {limit}")
             }
@@ -157,7 +174,9 @@ impl ApiError {
 
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {
-            ApiError::QueueFull { retry_after_s, .. } => Some(*retry_after_s),
+            ApiError::QueueFull { retry_after_s, .. } | ApiError::Shed { retry_after_s, .. } => {
+                Some(*retry_after_s)
+            }
             _ => None,
         }
     }

@@ -21,7 +21,7 @@ use crate::engine::ffi::{self, SamplingParams};
 use crate::engine::{GenParams, Job};
 use crate::metrics::Metrics;
 use crate::prompt::Prompter;
-use crate::stream::{Event, TokenLogprob, Usage};
+use crate::stream::{ErrorKind, Event, TokenLogprob, Usage};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 use error::ApiError;
 use serde_json::{json, Value};
@@ -33,6 +33,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tiny_http::{Header, Method, Request, Response, Server};
 use validation::{Api, Input, ValidRequest};
+
+/// The engine loop turns at least every 100 ms when idle and once per step when
+/// busy; a step is at most `--step-tokens` tokens. Silence this long means wedged.
+const LIVENESS_STALE: Duration = Duration::from_secs(120);
 
 /// Everything a handler thread needs.
 pub struct AppState {
@@ -94,7 +98,27 @@ fn handle(state: &AppState, req: Request) {
     let path = req.url().split('?').next().unwrap_or("").to_string();
     let method = req.method().clone();
     match (&method, path.as_str()) {
-        (Method::Get, "/health") => respond_json(req, 200, &json!({"status": "ok"}), None),
+        // Liveness never depends on load: only a wedged engine makes it fail.
+        (Method::Get, "/livez" | "/health") => {
+            let age = state.metrics.heartbeat_age();
+            if age < LIVENESS_STALE {
+                respond_json(req, 200, &json!({"status": "ok"}), None);
+            } else {
+                let body =
+                    json!({"status": "engine stalled", "heartbeat_age_ms": age.as_millis() as u64});
+                respond_json(req, 503, &body, None);
+            }
+        }
+        // Readiness: not while requests leave the queue past the sojourn target.
+        (Method::Get, "/readyz") => {
+            if state.metrics.sojourn_above_target.load(Ordering::Relaxed) {
+                let shedding = state.metrics.shedding.load(Ordering::Relaxed);
+                let body = json!({"status": "not ready", "reason": "queue sojourn above target", "shedding": shedding});
+                respond_json(req, 503, &body, None);
+            } else {
+                respond_json(req, 200, &json!({"status": "ready"}), None);
+            }
+        }
         (Method::Get, "/v1/models") => {
             let body = json!({
                 "object": "list",
@@ -178,7 +202,16 @@ fn handle(state: &AppState, req: Request) {
         }
         (Method::Post, "/v1/chat/completions") => generate(state, req, Api::Chat),
         (Method::Post, "/v1/completions") => generate(state, req, Api::Completions),
-        (_, "/health" | "/v1/models" | "/metrics" | "/v1/chat/completions" | "/v1/completions") => {
+        (
+            _,
+            "/health"
+            | "/livez"
+            | "/readyz"
+            | "/v1/models"
+            | "/metrics"
+            | "/v1/chat/completions"
+            | "/v1/completions",
+        ) => {
             let e = ApiError::MethodNotAllowed {
                 method: method.to_string(),
                 path,
@@ -218,17 +251,13 @@ struct Outcome {
 fn generate(state: &AppState, mut req: Request, api: Api) {
     let t0 = Instant::now();
     let path = req.url().to_string();
-    let (valid, prompt) = match prepare(state, &mut req, api) {
+    let prepared = caller_timeout_ms(&req, state.cfg.request_timeout_ms).and_then(|timeout_ms| {
+        let (valid, prompt) = prepare(state, &mut req, api)?;
+        let (gen, prompt) = gen_params(state, &valid, prompt)?;
+        Ok((timeout_ms, valid, gen, prompt))
+    });
+    let (timeout_ms, valid, gen, prompt) = match prepared {
         Ok(p) => p,
-        Err(e) => {
-            state.metrics.invalid.fetch_add(1, Ordering::Relaxed);
-            log_request(&path, t0, &outcome_of_error(&e));
-            respond_error(req, &e);
-            return;
-        }
-    };
-    let (gen, prompt) = match gen_params(state, &valid, prompt) {
-        Ok(g) => g,
         Err(e) => {
             state.metrics.invalid.fetch_add(1, Ordering::Relaxed);
             log_request(&path, t0, &outcome_of_error(&e));
@@ -244,6 +273,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         prompt,
         gen,
         enqueued_at: t0,
+        deadline: Some(t0 + Duration::from_millis(timeout_ms)),
         events: tx,
     };
     let prompt_ids_for_echo = match (&valid.input, valid.echo) {
@@ -277,19 +307,32 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     } else {
         whole_reply
     };
-    let mut outcome = reply(
-        req,
-        &meta,
-        &valid,
-        echo_text,
-        &rx,
-        t0,
-        state.cfg.request_timeout_ms,
-    );
+    let mut outcome = reply(req, &meta, &valid, echo_text, &rx, t0, timeout_ms);
     if outcome.usage.prompt_tokens == 0 {
         outcome.usage.prompt_tokens = prompt_tokens;
     }
     log_request(&path, t0, &outcome);
+}
+
+/// The caller's deadline, `X-Request-Timeout: <seconds>` (a number, as
+/// OpenAI's clients send it), capped by the server's `--request-timeout-ms`;
+/// without the header, the server's ceiling. In milliseconds.
+fn caller_timeout_ms(req: &Request, ceiling_ms: u64) -> Result<u64, ApiError> {
+    let Some(h) = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("X-Request-Timeout"))
+    else {
+        return Ok(ceiling_ms);
+    };
+    let text = h.value.as_str().trim();
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 => Ok(((s * 1000.0).ceil() as u64).clamp(1, ceiling_ms)),
+        _ => Err(ApiError::invalid(
+            "X-Request-Timeout",
+            format!("X-Request-Timeout is '{text}'; it must be a positive number of seconds"),
+        )),
+    }
 }
 
 /// Caps, reads and validates the body, and counts the prompt in tokens.
@@ -427,9 +470,26 @@ fn log_request(path: &str, t0: Instant, o: &Outcome) {
     );
 }
 
-/// Waits for the next event until the request's deadline.
-fn next_event(rx: &Receiver<Event>, deadline: Instant) -> Result<Event, RecvTimeoutError> {
-    rx.recv_deadline(deadline)
+/// Waits for the next event until the request's deadline. Every way of not
+/// getting one (timeout, a stopped engine, an engine refusal) is an `ApiError`.
+fn next_event(rx: &Receiver<Event>, deadline: Instant, timeout_ms: u64) -> Result<Event, ApiError> {
+    match rx.recv_deadline(deadline) {
+        Ok(Event::Error { kind, message }) => Err(match kind {
+            ErrorKind::Engine => ApiError::Engine { message },
+            ErrorKind::Shed { retry_after_s } => ApiError::Shed {
+                message,
+                retry_after_s,
+            },
+            ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
+        }),
+        Ok(event) => Ok(event),
+        Err(RecvTimeoutError::Timeout) => Err(ApiError::Timeout {
+            limit_ms: timeout_ms,
+        }),
+        Err(RecvTimeoutError::Disconnected) => Err(ApiError::Engine {
+            message: "the engine stopped before the request ended".into(),
+        }),
+    }
 }
 
 fn stream_reply(
@@ -442,6 +502,15 @@ fn stream_reply(
     timeout_ms: u64,
 ) -> Outcome {
     let deadline = t0 + Duration::from_millis(timeout_ms);
+    // The head goes out with the first event, so that a request refused before
+    // it ran (shed, or its deadline passed) still gets its own status code.
+    let first = match next_event(rx, deadline, timeout_ms) {
+        Ok(e) => e,
+        Err(e) => {
+            respond_error(req, &e);
+            return outcome_of_error(&e);
+        }
+    };
     let mut outcome = Outcome {
         status: 200,
         usage: Usage::default(),
@@ -459,25 +528,17 @@ fn stream_reply(
         return outcome;
     }
     let mut pending_echo = echo_text;
+    let mut pending_event = Some(first);
     loop {
-        let event = match next_event(rx, deadline) {
+        let event = match pending_event
+            .take()
+            .map_or_else(|| next_event(rx, deadline, timeout_ms), Ok)
+        {
             Ok(e) => e,
-            Err(RecvTimeoutError::Timeout) => {
-                let e = ApiError::Timeout {
-                    limit_ms: timeout_ms,
-                };
+            Err(e) => {
                 let _ = write(&mut out, e.to_json());
                 let _ = out.end();
-                outcome.note = "timeout";
-                return outcome;
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                let e = ApiError::Engine {
-                    message: "the engine stopped before the request ended".into(),
-                };
-                let _ = write(&mut out, e.to_json());
-                let _ = out.end();
-                outcome.note = "engine_gone";
+                outcome.note = e.code();
                 return outcome;
             }
         };
@@ -519,12 +580,8 @@ fn stream_reply(
                 }
                 return outcome;
             }
-            Event::Error { message, .. } => {
-                let _ = write(&mut out, ApiError::Engine { message }.to_json());
-                let _ = out.end();
-                outcome.note = "engine_error";
-                return outcome;
-            }
+            // `next_event` turns errors into `Err`.
+            Event::Error { .. } => false,
         };
         if !ok {
             // Dropping the receiver tells the engine at its next send.
@@ -548,19 +605,9 @@ fn whole_reply(
     let mut logprobs: Vec<TokenLogprob> = Vec::new();
     let mut first_token = None;
     loop {
-        let event = match next_event(rx, deadline) {
+        let event = match next_event(rx, deadline, timeout_ms) {
             Ok(e) => e,
-            Err(RecvTimeoutError::Timeout) => {
-                let e = ApiError::Timeout {
-                    limit_ms: timeout_ms,
-                };
-                respond_error(req, &e);
-                return outcome_of_error(&e);
-            }
-            Err(RecvTimeoutError::Disconnected) => {
-                let e = ApiError::Engine {
-                    message: "the engine stopped before the request ended".into(),
-                };
+            Err(e) => {
                 respond_error(req, &e);
                 return outcome_of_error(&e);
             }
@@ -585,11 +632,8 @@ fn whole_reply(
                     note: "",
                 };
             }
-            Event::Error { message, .. } => {
-                let e = ApiError::Engine { message };
-                respond_error(req, &e);
-                return outcome_of_error(&e);
-            }
+            // `next_event` turns errors into `Err`.
+            Event::Error { .. } => {}
         }
     }
 }

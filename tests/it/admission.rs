@@ -10,6 +10,8 @@ use std::time::Duration;
 fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
     // Rates given explicitly so that the bounds do not depend on how busy the
     // machine was while calibrating: 2 running + 3 queued.
+    // No shedding here: this test is about the count bound alone (the queued
+    // requests wait longer than the sojourn target behind 200-token answers).
     let srv = Server::start(&[
         "--parallel",
         "2",
@@ -19,6 +21,7 @@ fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
         "200",
         "--mu-decode",
         "150",
+        "--no-shed",
     ]);
     let n = 30;
     let barrier = Arc::new(Barrier::new(n));
@@ -140,4 +143,151 @@ fn a_prompt_over_the_queued_token_budget_is_refused_while_a_short_one_is_admitte
         srv.metric("sluice_requests_rejected_total{reason=\"queue_full\"}"),
         0.0
     );
+}
+
+#[test]
+fn a_request_whose_deadline_passes_in_the_queue_is_never_run() {
+    let srv = Server::start(&[
+        "--parallel",
+        "1",
+        "--queue-depth",
+        "3",
+        "--mu-prefill",
+        "200",
+        "--mu-decode",
+        "150",
+    ]);
+    // Occupy the only slot.
+    let running = {
+        let mut s = Sse::open(
+            srv.addr,
+            "/v1/completions",
+            &json!({"prompt": "Hi", "stream": true, "max_tokens": 4000, "ignore_eos": true, "temperature": 0}),
+        );
+        assert_eq!(s.status, 200);
+        assert!(s.next_json().is_some());
+        s
+    };
+    let prompt_tokens_before = srv.metric("sluice_prompt_tokens_total");
+    // Willing to wait half a second; the slot stays busy longer than that.
+    let body = json!({"prompt": "This request never runs.", "max_tokens": 8});
+    let r = request(
+        srv.addr,
+        "POST",
+        "/v1/completions",
+        Some(body.to_string().as_bytes()),
+        &[
+            ("Content-Type", "application/json"),
+            ("X-Request-Timeout", "0.5"),
+        ],
+    );
+    assert_eq!(r.status, 504, "{}", String::from_utf8_lossy(&r.body));
+    // Free the slot: the engine dequeues the expired request and drops it.
+    drop(running);
+    wait_until(
+        Duration::from_secs(60),
+        "the expired request to be dropped",
+        || srv.metric("sluice_requests_dropped_total{reason=\"deadline\"}") == 1.0,
+    );
+    assert_eq!(
+        srv.metric("sluice_prompt_tokens_total"),
+        prompt_tokens_before,
+        "it prefilled nothing"
+    );
+    assert_eq!(srv.metric("sluice_requests_completed_total"), 0.0);
+    assert_eq!(srv.metric("sluice_queue_depth"), 0.0);
+    // A bad deadline header is a 400 naming it.
+    let r = request(
+        srv.addr,
+        "POST",
+        "/v1/completions",
+        Some(body.to_string().as_bytes()),
+        &[
+            ("Content-Type", "application/json"),
+            ("X-Request-Timeout", "soon"),
+        ],
+    );
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body_json()["error"]["param"], "X-Request-Timeout");
+}
+
+#[test]
+fn under_sustained_overload_readyz_turns_503_and_back_while_livez_stays_200() {
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    // One slot, four queued, a 1 s budget: sojourn target 500 ms, 1 s interval.
+    let srv = Server::start(&[
+        "--parallel",
+        "1",
+        "--queue-depth",
+        "4",
+        "--queue-wait-ms",
+        "1000",
+        "--mu-prefill",
+        "200",
+        "--mu-decode",
+        "150",
+    ]);
+    assert_eq!(request(srv.addr, "GET", "/readyz", None, &[]).status, 200);
+    let stop = Arc::new(AtomicBool::new(false));
+    let shed = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..6)
+        .map(|i| {
+            let (stop, shed, addr) = (Arc::clone(&stop), Arc::clone(&shed), srv.addr);
+            std::thread::spawn(move || {
+                let body = json!({"prompt": format!("Client {i}: count."), "max_tokens": 40, "ignore_eos": true});
+                let body = body.to_string();
+                // Bounded: each client stops when told, or after 400 requests.
+                for _ in 0..400 {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let r = request(addr, "POST", "/v1/completions", Some(body.as_bytes()), &[("Content-Type", "application/json")]);
+                    match r.status {
+                        200 => {}
+                        503 => {
+                            assert!(r.header("Retry-After").is_some());
+                            assert_eq!(r.body_json()["error"]["code"], "shed_sojourn");
+                            shed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // The queue is full: back off a little, as a client should.
+                        429 => std::thread::sleep(Duration::from_millis(50)),
+                        s => panic!("unexpected status {s}"),
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut saw_not_ready = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while std::time::Instant::now() < deadline
+        && !(saw_not_ready && shed.load(Ordering::Relaxed) > 0)
+    {
+        assert_eq!(
+            request(srv.addr, "GET", "/livez", None, &[]).status,
+            200,
+            "liveness must not depend on load"
+        );
+        if request(srv.addr, "GET", "/readyz", None, &[]).status == 503 {
+            saw_not_ready = true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        c.join().expect("client");
+    }
+    assert!(
+        saw_not_ready,
+        "/readyz never turned 503 under sustained overload"
+    );
+    assert!(shed.load(Ordering::Relaxed) > 0, "nothing was shed");
+    assert_eq!(
+        srv.metric("sluice_requests_dropped_total{reason=\"shed_sojourn\"}"),
+        shed.load(Ordering::Relaxed) as f64
+    );
+    // Load stopped: the queue drains and the server is ready again.
+    wait_until(Duration::from_secs(30), "/readyz to turn 200 again", || {
+        request(srv.addr, "GET", "/readyz", None, &[]).status == 200
+    });
+    assert_eq!(request(srv.addr, "GET", "/livez", None, &[]).status, 200);
 }

@@ -70,7 +70,10 @@ fn a_short_overload_run_counts_what_sluice_counted() {
         |code: &str| sum_over_phases(&report, |p| p["statuses"][code].as_u64().unwrap_or(0));
     let outcome =
         |kind: &str| sum_over_phases(&report, |p| p["outcomes"][kind].as_u64().unwrap_or(0));
-    let accepted = statuses("200");
+    // sluice counts a request accepted when it enters the queue; it may then be
+    // shed (503) if it waits past the sojourn target.
+    let shed = statuses("503");
+    let accepted = statuses("200") + shed;
     let rejected = statuses("429");
     let completed = outcome("completed");
     eprintln!(
@@ -95,6 +98,10 @@ fn a_short_overload_run_counts_what_sluice_counted() {
         delta("sluice_requests_rejected_total{reason=\"queue_full\"}")
     );
     assert_eq!(completed as f64, delta("sluice_requests_completed_total"));
+    assert_eq!(
+        shed as f64,
+        delta("sluice_requests_dropped_total{reason=\"shed_sojourn\"}")
+    );
     // Its own /metrics reading says the same, and it sampled the server process.
     let own = &report["result"]["server_metrics_delta"];
     assert_eq!(own["accepted"].as_f64(), Some(accepted as f64));
