@@ -57,6 +57,10 @@ pub struct Metrics {
     queue_wait: Mutex<Histogram<u64>>,
     prefill_done: Mutex<Histogram<u64>>,
     step_time: Mutex<Histogram<u64>>,
+    ttft: Mutex<Histogram<u64>>,
+    inter_token: Mutex<Histogram<u64>>,
+    request_time: Mutex<Histogram<u64>>,
+    kv_cells_used: AtomicUsize,
 }
 
 impl Default for Metrics {
@@ -86,6 +90,10 @@ impl Default for Metrics {
             queue_wait: latency_histogram(),
             prefill_done: latency_histogram(),
             step_time: latency_histogram(),
+            ttft: latency_histogram(),
+            inter_token: latency_histogram(),
+            request_time: latency_histogram(),
+            kv_cells_used: AtomicUsize::new(0),
         }
     }
 }
@@ -120,6 +128,22 @@ impl Metrics {
         record(&self.prefill_done, since_enqueue);
     }
 
+    /// A token was sampled: the first of its request (time since it arrived),
+    /// or the gap since the request's previous token.
+    pub fn record_token(&self, first_since_arrival: Option<Duration>, gap: Option<Duration>) {
+        if let Some(d) = first_since_arrival {
+            record(&self.ttft, d);
+        }
+        if let Some(d) = gap {
+            record(&self.inter_token, d);
+        }
+    }
+
+    /// A request completed, this long after it arrived.
+    pub fn record_request_time(&self, d: Duration) {
+        record(&self.request_time, d);
+    }
+
     pub fn record_step(&self, tokens: usize, decode_tokens: usize, d: Duration) {
         self.steps.fetch_add(1, Ordering::Relaxed);
         self.step_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
@@ -129,7 +153,14 @@ impl Metrics {
         record(&self.step_time, d);
     }
 
-    pub fn set_engine_gauges(&self, active: usize, paused: usize, kv_cells_reserved: usize) {
+    pub fn set_engine_gauges(
+        &self,
+        active: usize,
+        paused: usize,
+        kv_cells_reserved: usize,
+        kv_cells_used: usize,
+    ) {
+        self.kv_cells_used.store(kv_cells_used, Ordering::Relaxed);
         self.active_sequences.store(active, Ordering::Relaxed);
         self.paused_sequences.store(paused, Ordering::Relaxed);
         self.kv_cells_reserved
@@ -251,6 +282,12 @@ impl Metrics {
         );
         gauge(
             &mut out,
+            "sluice_kv_cells_used",
+            "KV cells holding tokens of running sequences.",
+            g(&self.kv_cells_used),
+        );
+        gauge(
+            &mut out,
             "sluice_kv_cells_reserved",
             "KV cells reserved for admitted sequences (prompt + max_tokens).",
             g(&self.kv_cells_reserved),
@@ -268,6 +305,21 @@ impl Metrics {
                 "sluice_prefill_done_seconds",
                 "Time from admission to the end of prefill.",
                 &self.prefill_done,
+            ),
+            (
+                "sluice_time_to_first_token_seconds",
+                "From arrival to the first sampled token.",
+                &self.ttft,
+            ),
+            (
+                "sluice_inter_token_seconds",
+                "Between two sampled tokens of one request.",
+                &self.inter_token,
+            ),
+            (
+                "sluice_request_seconds",
+                "From arrival to the end of a completed request.",
+                &self.request_time,
             ),
             (
                 "sluice_step_seconds",

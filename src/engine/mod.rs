@@ -88,6 +88,8 @@ struct Seq {
     n_past: usize,
     /// The last sampled token, to be decoded next step.
     next_token: Option<Token>,
+    /// When the last token was sampled.
+    last_token_at: Option<Instant>,
     completion_tokens: usize,
     prompt_logprobs: Vec<TokenLogprob>,
     outbox: VecDeque<Event>,
@@ -257,6 +259,7 @@ impl Engine {
                 admitted: self.admitted,
                 n_past: 0,
                 next_token: None,
+                last_token_at: None,
                 completion_tokens: 0,
                 prompt_logprobs: Vec::new(),
                 outbox: VecDeque::new(),
@@ -415,6 +418,14 @@ impl Engine {
             }
         });
         seq.completion_tokens += 1;
+        let now = Instant::now();
+        let first = seq
+            .last_token_at
+            .is_none()
+            .then(|| now.saturating_duration_since(seq.job.enqueued_at));
+        let gap = seq.last_token_at.map(|t| now.saturating_duration_since(t));
+        seq.last_token_at = Some(now);
+        self.metrics.record_token(first, gap);
         self.metrics
             .tokens_generated
             .fetch_add(1, Ordering::Relaxed);
@@ -442,6 +453,11 @@ impl Engine {
 
     /// Ends generation: flushes held text, queues `End`, frees KV cells now.
     fn finish(&mut self, ctx: &mut Context, slot: usize, finish: FinishReason) {
+        let seq_arrival = self.slots[slot]
+            .as_ref()
+            .expect("finishing slot is active")
+            .job
+            .enqueued_at;
         let seq = self.slots[slot].as_mut().expect("finishing slot is active");
         let rest = seq.text.finish();
         if !rest.is_empty() {
@@ -467,6 +483,7 @@ impl Engine {
         seq.done = true;
         self.release_kv(ctx, slot);
         self.metrics.completed.fetch_add(1, Ordering::Relaxed);
+        self.metrics.record_request_time(seq_arrival.elapsed());
         self.flush(ctx, slot);
     }
 
@@ -553,8 +570,9 @@ impl Engine {
             .flatten()
             .filter(|s| s.phase() == Some(Phase::Paused))
             .count();
+        let used: usize = self.slots.iter().flatten().map(|s| s.n_past).sum();
         self.metrics
-            .set_engine_gauges(active, paused, self.kv_cells_reserved);
+            .set_engine_gauges(active, paused, self.kv_cells_reserved, used);
         let (shedding, above) = self
             .codel
             .as_ref()

@@ -355,6 +355,12 @@ fn models_health_and_metrics_endpoints() {
     assert_eq!(srv.metric("sluice_requests_completed_total"), 1.0);
     assert_eq!(srv.metric("sluice_requests_accepted_total"), 1.0);
     assert_eq!(srv.metric("sluice_kv_cells_reserved"), 0.0);
+    assert_eq!(srv.metric("sluice_kv_cells_used"), 0.0);
+    // One request: one first token, two gaps between its three tokens, one end.
+    assert_eq!(srv.metric("sluice_time_to_first_token_seconds_count"), 1.0);
+    assert_eq!(srv.metric("sluice_inter_token_seconds_count"), 2.0);
+    assert_eq!(srv.metric("sluice_request_seconds_count"), 1.0);
+    assert!(srv.metric("sluice_time_to_first_token_seconds{quantile=\"0.99\"}") > 0.0);
     // One log line per request, with its outcome and token counts.
     let log = srv.log();
     let line = log
