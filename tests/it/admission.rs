@@ -6,6 +6,16 @@ use serde_json::json;
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
+/// Starts a long stream and reads its first token: a slot stays busy until the
+/// returned stream is dropped (which cancels it).
+fn occupy_a_slot(srv: &Server) -> Sse {
+    let body = json!({"prompt": "Hi", "stream": true, "max_tokens": 4000, "ignore_eos": true, "temperature": 0});
+    let mut s = Sse::open(srv.addr, "/v1/completions", &body);
+    assert_eq!(s.status, 200);
+    assert!(s.next_json().is_some());
+    s
+}
+
 #[test]
 fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
     // Rates given explicitly so that the bounds do not depend on how busy the
@@ -88,13 +98,7 @@ fn a_prompt_over_the_queued_token_budget_is_refused_while_a_short_one_is_admitte
     ]);
     assert_eq!(srv.metric("sluice_queued_prompt_tokens_max"), 500.0);
     // Occupy the only slot, and put a short request in the queue behind it.
-    let mut running = Sse::open(
-        srv.addr,
-        "/v1/completions",
-        &json!({"prompt": "Hi", "stream": true, "max_tokens": 4000, "ignore_eos": true, "temperature": 0}),
-    );
-    assert_eq!(running.status, 200);
-    assert!(running.next_json().is_some());
+    let running = occupy_a_slot(&srv);
     let short = |tag: &str| {
         let addr = srv.addr;
         let body = json!({"prompt": format!("Short {tag}."), "max_tokens": 4, "temperature": 0});
@@ -158,16 +162,7 @@ fn a_request_whose_deadline_passes_in_the_queue_is_never_run() {
         "150",
     ]);
     // Occupy the only slot.
-    let running = {
-        let mut s = Sse::open(
-            srv.addr,
-            "/v1/completions",
-            &json!({"prompt": "Hi", "stream": true, "max_tokens": 4000, "ignore_eos": true, "temperature": 0}),
-        );
-        assert_eq!(s.status, 200);
-        assert!(s.next_json().is_some());
-        s
-    };
+    let running = occupy_a_slot(&srv);
     let prompt_tokens_before = srv.metric("sluice_prompt_tokens_total");
     // Willing to wait half a second; the slot stays busy longer than that.
     let body = json!({"prompt": "This request never runs.", "max_tokens": 8});
