@@ -131,15 +131,18 @@ fn serve(cfg: Config) -> Result<(), String> {
         }
         (None, None) => unreachable!("the engine calibrates when no rates are given"),
     };
-    let bounds = derive_bounds(
+    let mut bounds = derive_bounds(
         rates,
         cfg.typical,
         cfg.queue_wait,
         cfg.queue_depth,
         cfg.queue_depth_cap,
     );
+    if let Some(n) = cfg.queued_tokens_max {
+        bounds.queued_tokens_max = n;
+    }
     eprintln!(
-        "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {} (mu_prefill {:.0} tok/s x W_max)",
+        "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {}{} (mu_prefill {:.0} tok/s x W_max)",
         bounds.mu_req,
         cfg.typical.prompt_tokens,
         cfg.typical.max_tokens,
@@ -147,6 +150,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         bounds.queue_depth_max,
         if cfg.queue_depth.is_some() { " (set by --queue-depth)" } else { "" },
         bounds.queued_tokens_max,
+        if cfg.queued_tokens_max.is_some() { " (set by --queued-tokens-max)" } else { "" },
         rates.prefill_tok_s
     );
     match cfg.shed {

@@ -99,6 +99,9 @@ pub struct ServeArgs {
     /// never shed on queue sojourn (for comparisons)
     #[argh(switch)]
     pub no_shed: bool,
+    /// prompt tokens that may wait for a slot, instead of mu_prefill x W_max
+    #[argh(option)]
+    pub queued_tokens_max: Option<usize>,
     /// sojourn target in ms (CoDel): shed while requests wait longer than this for
     /// a whole interval (default: half of --queue-wait-ms)
     #[argh(option)]
@@ -183,6 +186,8 @@ pub struct Config {
     pub queue_depth_cap: usize,
     /// CoDel's sojourn target and interval; `None` with `--no-shed`.
     pub shed: Option<(Duration, Duration)>,
+    /// The operator's queued-token budget, instead of the derived one.
+    pub queued_tokens_max: Option<usize>,
     /// Rates given on the command line; `None` means calibrate at start-up.
     pub rates: Option<Rates>,
     pub typical: Typical,
@@ -305,6 +310,7 @@ impl Config {
             queue_depth: a.queue_depth,
             queue_depth_cap,
             shed,
+            queued_tokens_max: a.queued_tokens_max.filter(|&n| n > 0),
             rates,
             typical: Typical {
                 prompt_tokens: a.typical_prompt_tokens,

@@ -127,8 +127,10 @@ pub struct Stats {
     pub ttft: Histogram<u64>,
     pub itl: Histogram<u64>,
     pub e2e: Histogram<u64>,
-    /// Time to a refusal (429/503): how fast the server said no.
+    /// Time to a 429: how fast the server said no at the door.
     pub rejection: Histogram<u64>,
+    /// Time to a 503 (shed after waiting in the server's queue).
+    pub shed: Histogram<u64>,
     /// TTFT and inter-token gaps of requests without a long prompt: what chat
     /// users feel while long prompts are being prefilled.
     pub ttft_short: Histogram<u64>,
@@ -154,6 +156,7 @@ impl Stats {
             itl: histogram(),
             e2e: histogram(),
             rejection: histogram(),
+            shed: histogram(),
             ttft_short: histogram(),
             itl_short: histogram(),
             decode_rate: histogram(),
@@ -191,7 +194,8 @@ impl Stats {
         }
         match o.kind {
             Kind::Completed => self.e2e.saturating_record(us(o.e2e)),
-            Kind::Rejected | Kind::Shed => self.rejection.saturating_record(us(o.e2e)),
+            Kind::Rejected => self.rejection.saturating_record(us(o.e2e)),
+            Kind::Shed => self.shed.saturating_record(us(o.e2e)),
             _ => {}
         }
     }
@@ -236,6 +240,7 @@ impl Stats {
             "itl": lat(&self.itl),
             "e2e": lat(&self.e2e),
             "rejection": lat(&self.rejection),
+            "shed": lat(&self.shed),
             "short_requests": {"ttft": lat(&self.ttft_short), "itl": lat(&self.itl_short)},
             "decode_tok_s_per_stream": if self.decode_rate.is_empty() { Value::Null } else {
                 json!({"count": self.decode_rate.len(),

@@ -208,10 +208,6 @@ impl Engine {
                     Ok(job) => job,
                     Err(e) => {
                         closed = e.is_disconnected();
-                        // Nothing waits: a standing queue has drained.
-                        if let Some(c) = &mut self.codel {
-                            c.on_empty();
-                        }
                         break;
                     }
                 },
@@ -267,6 +263,13 @@ impl Engine {
                 job,
             };
             self.slots[slot] = Some(seq);
+        }
+        // Nothing waits (whether or not a slot is free): a standing queue has
+        // drained, and the server is ready again.
+        if self.waiting.is_none() && jobs.is_empty() {
+            if let Some(c) = &mut self.codel {
+                c.on_empty();
+            }
         }
         self.publish_gauges();
         closed
