@@ -152,7 +152,7 @@ impl QueueGauge {
         }
         l.requests += 1;
         l.waiting_tokens += prompt_tokens;
-        self.publish(l);
+        self.publish(&l);
         Ok(())
     }
 
@@ -165,7 +165,7 @@ impl QueueGauge {
         );
         l.running += 1;
         l.waiting_tokens -= prompt_tokens;
-        self.publish(l);
+        self.publish(&l);
     }
 
     /// A running request ended (completed, failed or cancelled) and freed its slot.
@@ -174,7 +174,7 @@ impl QueueGauge {
         assert!(l.running > 0, "finish without start");
         l.running -= 1;
         l.requests -= 1;
-        self.publish(l);
+        self.publish(&l);
     }
 
     /// A reserved request left without a slot: it never reached the engine, or
@@ -183,10 +183,10 @@ impl QueueGauge {
         let mut l = self.load.lock().expect("queue gauge lock");
         l.requests -= 1;
         l.waiting_tokens -= prompt_tokens;
-        self.publish(l);
+        self.publish(&l);
     }
 
-    fn publish(&self, l: std::sync::MutexGuard<'_, Load>) {
+    fn publish(&self, l: &Load) {
         self.waiting.store(l.waiting(), Ordering::Relaxed);
         self.waiting_tokens
             .store(l.waiting_tokens, Ordering::Relaxed);

@@ -229,8 +229,6 @@ fn start_up_calibration(
             cfg.n_ctx, cfg.parallel
         ));
     }
-    let text = "The quick brown fox jumps over the lazy dog. ".repeat(n);
-    let mut prompt = model.tokenize(&text, true, false)?;
-    prompt.truncate(n);
+    let prompt = engine::calibration::prompt(model, n)?;
     engine::calibration::measure(ctx, &prompt, cfg.parallel, CALIBRATION_STEPS)
 }

@@ -17,9 +17,7 @@ pub fn run(args: CalibrateArgs) -> Result<(), String> {
     let cpus = compute_cpus(args.threads)?;
     ffi::backend_init(false);
     let model = Arc::new(crate::engine::load_model(&args.model)?);
-    let text = "The quick brown fox jumps over the lazy dog. ".repeat(args.prompt_tokens);
-    let mut prompt = model.tokenize(&text, true, false)?;
-    prompt.truncate(args.prompt_tokens);
+    let prompt = crate::engine::calibration::prompt(&model, args.prompt_tokens)?;
     let n_seq = *BATCH_SIZES.iter().max().expect("batch sizes");
     let per_seq = prompt.len() + WARMUP_STEPS + args.steps;
     ffi::set_current_thread_name("sluice-ggml");

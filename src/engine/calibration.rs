@@ -2,13 +2,21 @@
 //! second, and decode tokens per second at a batch size. Used at start-up (the
 //! admission bounds are derived from it) and by `sluice calibrate`.
 
-use super::ffi::{Batch, Context, Token};
+use super::ffi::{Batch, Context, Model, Token};
 use std::time::Instant;
 
 /// Decode steps run untimed first, so that caches and the threadpool are warm.
 pub const WARMUP_STEPS: usize = 4;
 /// Prompt tokens each sequence holds while its decode steps are timed.
 const DECODE_CONTEXT_TOKENS: usize = 32;
+
+/// A prompt of exactly `tokens` tokens (plain English), to time with.
+pub fn prompt(model: &Model, tokens: usize) -> Result<Vec<Token>, String> {
+    let text = "The quick brown fox jumps over the lazy dog. ".repeat(tokens);
+    let mut prompt = model.tokenize(&text, true, false)?;
+    prompt.truncate(tokens);
+    Ok(prompt)
+}
 
 /// What start-up calibration measured.
 #[derive(Debug, Clone, Copy, PartialEq)]

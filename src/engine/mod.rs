@@ -247,8 +247,7 @@ impl Engine {
             self.kv_cells_reserved += cells;
             self.admitted += 1;
             self.queue.started(job.prompt.len());
-            let wait = job.enqueued_at.elapsed();
-            self.metrics.record_queue_wait(wait);
+            self.metrics.record_queue_wait(sojourn);
             let seq = Seq {
                 sampler: ffi::Sampler::new(&job.gen.sampling),
                 text: TextAssembler::new(job.gen.stop.clone()),
