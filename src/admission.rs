@@ -11,6 +11,12 @@
 //! Handlers only ever `try_send`. A gate in front of the channel counts what is
 //! queued (requests and prompt tokens, until the engine gives the request a
 //! slot) and refuses with 429 + `Retry-After` when either bound would break.
+//!
+//! The bounds are live: the engine refines the rates online from the steps it
+//! runs (`engine::cost`) and publishes them here, and the gate re-derives L_max
+//! and the token budget from them. A channel's capacity is fixed at creation,
+//! so it is sized for the highest L_max the gate may ever allow (9, or the
+//! operator's `--queue-depth`); the gate enforces the live one below it.
 
 use crate::engine::Job;
 use crate::http::error::{ApiError, QueueBound};
@@ -60,26 +66,44 @@ pub fn mu_req(rates: Rates, typical: Typical) -> f64 {
     1.0 / seconds
 }
 
-/// `L_max = ceil(μ_req · W_max)` clamped to `1..=cap`, unless the operator set a
-/// depth; and the queued-token budget `μ_prefill · W_max`.
-pub fn derive_bounds(
-    rates: Rates,
-    typical: Typical,
-    queue_wait: Duration,
-    depth: Option<usize>,
-    cap: usize,
-) -> Bounds {
+/// How the bounds are derived from the rates: the budget, the typical request,
+/// and what the operator fixed by hand.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    pub typical: Typical,
+    /// W_max (`--queue-wait-ms`).
+    pub queue_wait: Duration,
+    /// `--queue-depth`: a fixed L_max instead of the derived one (already checked
+    /// against 9, or against the unsafe ceiling with `--queue-depth-unsafe`).
+    pub queue_depth: Option<usize>,
+    /// `--queued-tokens-max`: a fixed token budget instead of `μ_prefill · W_max`.
+    pub queued_tokens_max: Option<usize>,
+}
+
+impl Policy {
+    /// The highest L_max the gate may ever allow: the channel's capacity beyond
+    /// the slots, and the number of handlers that may wait on it.
+    pub fn queue_depth_ceiling(&self) -> usize {
+        self.queue_depth.unwrap_or(QUEUE_DEPTH_SAFE_MAX)
+    }
+}
+
+/// `L_max = ceil(μ_req · W_max)` clamped to `1..=9`, unless the operator set a
+/// depth; and the queued-token budget `μ_prefill · W_max`, unless the operator
+/// set one.
+pub fn derive_bounds(rates: Rates, policy: &Policy) -> Bounds {
     assert!(
         rates.prefill_tok_s > 0.0 && rates.decode_tok_s > 0.0,
         "rates must be positive"
     );
-    let mu = mu_req(rates, typical);
-    let w = queue_wait.as_secs_f64();
-    let little = (mu * w).ceil().max(1.0) as usize;
+    let mu = mu_req(rates, policy.typical);
+    let w = policy.queue_wait.as_secs_f64();
+    let little = (mu * w).ceil().clamp(1.0, QUEUE_DEPTH_SAFE_MAX as f64) as usize;
+    let tokens = (rates.prefill_tok_s * w).floor().max(1.0) as usize;
     Bounds {
         mu_req: mu,
-        queue_depth_max: depth.unwrap_or(little).clamp(1, cap),
-        queued_tokens_max: (rates.prefill_tok_s * w).floor().max(1.0) as usize,
+        queue_depth_max: policy.queue_depth.unwrap_or(little),
+        queued_tokens_max: policy.queued_tokens_max.unwrap_or(tokens),
     }
 }
 
@@ -109,81 +133,125 @@ impl Load {
 }
 
 /// The gate's view of the queue, shared with the engine, which reports when a
-/// request gets its slot and when it leaves it. A request is refused when the
-/// requests running plus waiting would exceed the slots (`--parallel`) plus
-/// L_max, or when the prompt tokens waiting would exceed their budget.
+/// request gets its slot and when it leaves it, and publishes the rates it
+/// measures. A request is refused when the requests running plus waiting would
+/// exceed the slots (`--parallel`) plus L_max, or when the prompt tokens
+/// waiting would exceed their budget.
 pub struct QueueGauge {
-    load: Mutex<Load>,
+    state: Mutex<State>,
     slots: usize,
-    pub rates: Rates,
-    pub bounds: Bounds,
+    policy: Policy,
     /// Readable without the lock (for `/metrics`).
     waiting: AtomicUsize,
     waiting_tokens: AtomicUsize,
 }
 
+struct State {
+    load: Load,
+    rates: Rates,
+    bounds: Bounds,
+}
+
 impl QueueGauge {
-    fn new(slots: usize, rates: Rates, bounds: Bounds) -> QueueGauge {
+    fn new(slots: usize, rates: Rates, policy: Policy) -> QueueGauge {
         QueueGauge {
-            load: Mutex::new(Load::default()),
+            state: Mutex::new(State {
+                load: Load::default(),
+                rates,
+                bounds: derive_bounds(rates, &policy),
+            }),
             slots,
-            rates,
-            bounds,
+            policy,
             waiting: AtomicUsize::new(0),
             waiting_tokens: AtomicUsize::new(0),
         }
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("queue gauge lock")
+    }
+
     /// Reserves a place for a request of `prompt_tokens`, or says which bound it
-    /// breaks (with what is waiting). A prompt larger than the whole token budget
-    /// is admitted only when nothing waits: otherwise it could never be served.
-    fn reserve(&self, prompt_tokens: usize) -> Result<(), (QueueBound, usize, usize)> {
-        let mut l = self.load.lock().expect("queue gauge lock");
-        if l.requests >= self.slots + self.bounds.queue_depth_max {
-            return Err((QueueBound::Requests, l.waiting(), l.waiting_tokens));
+    /// breaks (with what is waiting, and the bounds and rates it was judged by).
+    /// A prompt larger than the whole token budget is admitted only when nothing
+    /// waits: otherwise it could never be served.
+    fn reserve(&self, prompt_tokens: usize) -> Result<(), Refusal> {
+        let mut s = self.lock();
+        let l = s.load;
+        let refuse = |bound| Refusal {
+            bound,
+            waiting: l.waiting(),
+            waiting_tokens: l.waiting_tokens,
+            rates: s.rates,
+            bounds: s.bounds,
+        };
+        if l.requests >= self.slots + s.bounds.queue_depth_max {
+            return Err(refuse(QueueBound::Requests));
         }
         // Free slots take the request at once: only the part that must wait counts.
         let would_wait = l.requests >= self.slots;
         if would_wait
             && l.waiting() > 0
-            && l.waiting_tokens + prompt_tokens > self.bounds.queued_tokens_max
+            && l.waiting_tokens + prompt_tokens > s.bounds.queued_tokens_max
         {
-            return Err((QueueBound::Tokens, l.waiting(), l.waiting_tokens));
+            return Err(refuse(QueueBound::Tokens));
         }
-        l.requests += 1;
-        l.waiting_tokens += prompt_tokens;
-        self.publish(&l);
+        s.load.requests += 1;
+        s.load.waiting_tokens += prompt_tokens;
+        self.publish(&s.load);
         Ok(())
     }
 
     /// A request left the queue for a slot.
     pub fn started(&self, prompt_tokens: usize) {
-        let mut l = self.load.lock().expect("queue gauge lock");
+        let mut s = self.lock();
+        let l = &mut s.load;
         assert!(
             l.waiting() > 0 && l.waiting_tokens >= prompt_tokens,
             "start without reserve"
         );
         l.running += 1;
         l.waiting_tokens -= prompt_tokens;
-        self.publish(&l);
+        self.publish(&s.load);
     }
 
     /// A running request ended (completed, failed or cancelled) and freed its slot.
     pub fn finished(&self) {
-        let mut l = self.load.lock().expect("queue gauge lock");
+        let mut s = self.lock();
+        let l = &mut s.load;
         assert!(l.running > 0, "finish without start");
         l.running -= 1;
         l.requests -= 1;
-        self.publish(&l);
+        self.publish(&s.load);
     }
 
     /// A reserved request left without a slot: it never reached the engine, or
     /// the engine refused it at dequeue (shed, deadline passed).
     pub fn dropped(&self, prompt_tokens: usize) {
-        let mut l = self.load.lock().expect("queue gauge lock");
+        let mut s = self.lock();
+        let l = &mut s.load;
         l.requests -= 1;
         l.waiting_tokens -= prompt_tokens;
-        self.publish(&l);
+        self.publish(&s.load);
+    }
+
+    /// The engine measured new rates: the bounds follow them.
+    pub fn set_rates(&self, rates: Rates) {
+        let mut s = self.lock();
+        s.rates = rates;
+        s.bounds = derive_bounds(rates, &self.policy);
+    }
+
+    /// The rates and the bounds in force now.
+    pub fn snapshot(&self) -> (Rates, Bounds) {
+        let s = self.lock();
+        (s.rates, s.bounds)
+    }
+
+    /// Seconds a client refused now should wait (for 503s sent by the engine).
+    pub fn retry_after_s(&self) -> u64 {
+        let s = self.lock();
+        retry_after_s(s.load.waiting(), s.load.waiting_tokens, s.rates, s.bounds)
     }
 
     fn publish(&self, l: &Load) {
@@ -202,6 +270,16 @@ impl QueueGauge {
     }
 }
 
+/// Why the gate said no, and what it saw.
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    bound: QueueBound,
+    waiting: usize,
+    waiting_tokens: usize,
+    rates: Rates,
+    bounds: Bounds,
+}
+
 pub struct Admission {
     tx: Sender<Job>,
     gauge: Arc<QueueGauge>,
@@ -210,17 +288,19 @@ pub struct Admission {
 
 impl Admission {
     /// Creates the queue; the receiver and the gauge go to the engine. The gate
-    /// never lets more than `slots + L_max` requests in, so the channel, sized
-    /// for that, never refuses a request the gate admitted.
+    /// never lets more than the slots plus the live L_max in, and L_max never
+    /// exceeds its ceiling, so the channel, sized for the ceiling, never refuses
+    /// a request the gate admitted.
     pub fn new(
         slots: usize,
         rates: Rates,
-        bounds: Bounds,
+        policy: Policy,
         metrics: Arc<Metrics>,
     ) -> (Admission, Receiver<Job>, Arc<QueueGauge>) {
-        assert!(bounds.queue_depth_max >= 1 && slots >= 1);
-        let (tx, rx) = bounded(slots + bounds.queue_depth_max);
-        let gauge = Arc::new(QueueGauge::new(slots, rates, bounds));
+        let ceiling = policy.queue_depth_ceiling();
+        assert!(ceiling >= 1 && slots >= 1);
+        let (tx, rx) = bounded(slots + ceiling);
+        let gauge = Arc::new(QueueGauge::new(slots, rates, policy));
         let admission = Admission {
             tx,
             gauge: Arc::clone(&gauge),
@@ -231,20 +311,19 @@ impl Admission {
 
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         let tokens = job.prompt.len();
-        if let Err((bound, waiting, waiting_tokens)) = self.gauge.reserve(tokens) {
-            let counter = match bound {
+        if let Err(r) = self.gauge.reserve(tokens) {
+            let counter = match r.bound {
                 QueueBound::Requests => &self.metrics.rejected_queue_full,
                 QueueBound::Tokens => &self.metrics.rejected_token_budget,
             };
             counter.fetch_add(1, Ordering::Relaxed);
-            let g = &self.gauge;
-            let wait = retry_after_s(waiting, waiting_tokens, g.rates, g.bounds);
+            let wait = retry_after_s(r.waiting, r.waiting_tokens, r.rates, r.bounds);
             return Err(ApiError::QueueFull {
-                bound,
-                queued: waiting,
-                queue_depth_max: g.bounds.queue_depth_max,
-                queued_tokens: waiting_tokens,
-                queued_tokens_max: g.bounds.queued_tokens_max,
+                bound: r.bound,
+                queued: r.waiting,
+                queue_depth_max: r.bounds.queue_depth_max,
+                queued_tokens: r.waiting_tokens,
+                queued_tokens_max: r.bounds.queued_tokens_max,
                 prompt_tokens: tokens,
                 retry_after_s: wait,
             });
@@ -279,6 +358,15 @@ mod tests {
         max_tokens: 150,
     };
 
+    fn policy(wait_ms: u64, depth: Option<usize>) -> Policy {
+        Policy {
+            typical: TYPICAL,
+            queue_wait: Duration::from_millis(wait_ms),
+            queue_depth: depth,
+            queued_tokens_max: None,
+        }
+    }
+
     #[test]
     fn mu_req_is_the_inverse_of_a_typical_request_time() {
         // 100 / 200 + 150 / 150 = 1.5 s per request.
@@ -287,67 +375,44 @@ mod tests {
 
     #[test]
     fn queue_depth_follows_littles_law_and_is_clamped() {
-        let b = derive_bounds(
-            RATES,
-            TYPICAL,
-            Duration::from_secs(5),
-            None,
-            QUEUE_DEPTH_SAFE_MAX,
-        );
+        let b = derive_bounds(RATES, &policy(5000, None));
         assert_eq!(b.queue_depth_max, 4, "ceil(0.667 * 5) = 4");
         assert_eq!(b.queued_tokens_max, 1000, "200 tok/s * 5 s");
-        let b = derive_bounds(
-            RATES,
-            TYPICAL,
-            Duration::from_millis(100),
-            None,
-            QUEUE_DEPTH_SAFE_MAX,
-        );
+        let b = derive_bounds(RATES, &policy(100, None));
         assert_eq!(b.queue_depth_max, 1, "never below one");
         let fast = Rates {
             prefill_tok_s: 5000.0,
             decode_tok_s: 3000.0,
         };
-        let b = derive_bounds(
-            fast,
-            TYPICAL,
-            Duration::from_secs(5),
-            None,
-            QUEUE_DEPTH_SAFE_MAX,
-        );
-        assert_eq!(b.queue_depth_max, 9, "clamped to the safe ceiling");
-        let b = derive_bounds(fast, TYPICAL, Duration::from_secs(5), None, 1000);
+        let b = derive_bounds(fast, &policy(5000, None));
         assert_eq!(
-            b.queue_depth_max, 72,
-            "ceil(14.29 * 5) with an unsafe ceiling"
+            b.queue_depth_max, 9,
+            "ceil(14.29 * 5) clamped to the safe ceiling"
         );
-        let b = derive_bounds(
-            RATES,
-            TYPICAL,
-            Duration::from_secs(5),
-            Some(3),
-            QUEUE_DEPTH_SAFE_MAX,
-        );
+        let b = derive_bounds(RATES, &policy(5000, Some(3)));
         assert_eq!(b.queue_depth_max, 3, "the operator's depth wins");
-        let b = derive_bounds(
-            RATES,
-            TYPICAL,
-            Duration::from_secs(5),
-            Some(50),
-            QUEUE_DEPTH_SAFE_MAX,
+        let b = derive_bounds(fast, &policy(5000, Some(50)));
+        assert_eq!(
+            b.queue_depth_max, 50,
+            "config checked it against the unsafe ceiling"
         );
-        assert_eq!(b.queue_depth_max, 9, "but not above the ceiling");
+        let p = Policy {
+            queued_tokens_max: Some(123),
+            ..policy(5000, None)
+        };
+        assert_eq!(derive_bounds(RATES, &p).queued_tokens_max, 123);
+    }
+
+    #[test]
+    fn the_channel_is_sized_for_the_highest_bound_the_gate_may_allow() {
+        assert_eq!(policy(5000, None).queue_depth_ceiling(), 9);
+        assert_eq!(policy(5000, Some(3)).queue_depth_ceiling(), 3);
+        assert_eq!(policy(5000, Some(1000)).queue_depth_ceiling(), 1000);
     }
 
     #[test]
     fn retry_after_covers_the_longer_of_count_and_token_work() {
-        let b = derive_bounds(
-            RATES,
-            TYPICAL,
-            Duration::from_secs(5),
-            None,
-            QUEUE_DEPTH_SAFE_MAX,
-        );
+        let b = derive_bounds(RATES, &policy(5000, None));
         assert_eq!(retry_after_s(0, 0, RATES, b), 1, "at least one second");
         assert_eq!(retry_after_s(4, 0, RATES, b), 6, "4 requests at 0.667/s");
         assert_eq!(
@@ -358,12 +423,11 @@ mod tests {
     }
 
     fn gauge(slots: usize, depth: usize, tokens: usize) -> QueueGauge {
-        let bounds = Bounds {
-            mu_req: 1.0,
-            queue_depth_max: depth,
-            queued_tokens_max: tokens,
+        let p = Policy {
+            queued_tokens_max: Some(tokens),
+            ..policy(5000, Some(depth))
         };
-        QueueGauge::new(slots, RATES, bounds)
+        QueueGauge::new(slots, RATES, p)
     }
 
     #[test]
@@ -373,7 +437,7 @@ mod tests {
             assert!(g.reserve(10).is_ok());
         }
         assert_eq!(
-            g.reserve(10).unwrap_err().0,
+            g.reserve(10).unwrap_err().bound,
             QueueBound::Requests,
             "2 slots + 3 queued"
         );
@@ -394,7 +458,7 @@ mod tests {
         g.started(5000);
         assert!(g.reserve(600).is_ok());
         assert_eq!(
-            g.reserve(500).unwrap_err().0,
+            g.reserve(500).unwrap_err().bound,
             QueueBound::Tokens,
             "600 + 500 > 1000"
         );
@@ -402,7 +466,7 @@ mod tests {
         assert_eq!(g.queued_tokens(), 1000);
         assert!(g.reserve(0).is_ok(), "a third may wait");
         assert_eq!(
-            g.reserve(0).unwrap_err().0,
+            g.reserve(0).unwrap_err().bound,
             QueueBound::Requests,
             "1 running + 3 waiting"
         );
@@ -414,9 +478,44 @@ mod tests {
         assert!(g.reserve(10).is_ok());
         g.started(10);
         assert!(g.reserve(6000).is_ok(), "nothing waits: it may");
-        assert_eq!(g.reserve(10).unwrap_err().0, QueueBound::Tokens);
+        assert_eq!(g.reserve(10).unwrap_err().bound, QueueBound::Tokens);
         g.finished(); // the first request ends
         g.started(6000); // the long one gets the slot
         assert!(g.reserve(6000).is_ok(), "the queue is empty again");
+    }
+
+    #[test]
+    fn the_live_bound_follows_the_measured_rates() {
+        // Derived bounds: 1 slot, L_max = ceil(0.667 * 5) = 4.
+        let g = QueueGauge::new(1, RATES, policy(5000, None));
+        assert_eq!(g.snapshot().1.queue_depth_max, 4);
+        for _ in 0..5 {
+            assert!(g.reserve(10).is_ok());
+        }
+        // The box got four times slower: L_max = ceil(0.167 * 5) = 1.
+        g.set_rates(Rates {
+            prefill_tok_s: 50.0,
+            decode_tok_s: 37.5,
+        });
+        let (_, b) = g.snapshot();
+        assert_eq!(b.queue_depth_max, 1);
+        assert_eq!(b.queued_tokens_max, 250);
+        let r = g.reserve(10).unwrap_err();
+        assert_eq!(r.bound, QueueBound::Requests, "5 in, 1 + 1 allowed");
+        assert_eq!(r.bounds.queue_depth_max, 1, "judged by the live bound");
+        // And faster than ever: clamped to 9, never above the channel's ceiling.
+        g.set_rates(Rates {
+            prefill_tok_s: 5000.0,
+            decode_tok_s: 3000.0,
+        });
+        assert_eq!(g.snapshot().1.queue_depth_max, 9);
+        for _ in 0..5 {
+            assert!(g.reserve(10).is_ok());
+        }
+        assert_eq!(
+            g.reserve(10).unwrap_err().bound,
+            QueueBound::Requests,
+            "1 + 9"
+        );
     }
 }

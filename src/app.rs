@@ -1,8 +1,9 @@
 //! Start-up: parse the command line, load the model, wire the stages together.
 
-use crate::admission::{derive_bounds, Admission, QueueGauge, Rates};
+use crate::admission::{Admission, QueueGauge, Rates};
 use crate::config::{Cli, Command, Config};
 use crate::engine::calibration::Calibration;
+use crate::engine::cost::CostModel;
 use crate::engine::ffi::{self, Context, ContextParams, Model};
 use crate::engine::{self, EngineConfig, Job};
 use crate::http::{self, AppState};
@@ -62,11 +63,15 @@ fn serve(cfg: Config) -> Result<(), String> {
     // It calibrates, reports, and waits for its queue, which is sized from that.
     type Ready = Result<(usize, Option<Calibration>), String>;
     let (ready_tx, ready_rx) = bounded::<Ready>(1);
-    let (queue_tx, queue_rx) = bounded::<(Receiver<Job>, Arc<QueueGauge>)>(1);
+    type Wiring = (Receiver<Job>, Arc<QueueGauge>, CostModel);
+    let (queue_tx, queue_rx) = bounded::<Wiring>(1);
     let engine_cfg = EngineConfig {
         parallel: cfg.parallel,
         n_ctx,
-        step_tokens_max: cfg.step_tokens_max,
+        n_batch: cfg.n_batch(),
+        step_tokens: cfg.step_tokens,
+        itl_target: cfg.itl_target,
+        queue_wait: cfg.queue_wait,
         cpus: cfg.cpus.clone(),
         poll: cfg.poll,
         shed: cfg.shed,
@@ -81,7 +86,7 @@ fn serve(cfg: Config) -> Result<(), String> {
                 ffi::set_current_thread_name("sluice-ggml");
                 let params = ContextParams {
                     n_ctx: engine_cfg.n_ctx as u32,
-                    n_batch: engine_cfg.step_tokens_max as u32,
+                    n_batch: engine_cfg.n_batch as u32,
                     n_seq_max: engine_cfg.parallel as u32,
                     cpus: engine_cfg.cpus.clone(),
                     poll: engine_cfg.poll,
@@ -107,8 +112,8 @@ fn serve(cfg: Config) -> Result<(), String> {
                     None
                 };
                 let _ = ready_tx.send(Ok((ctx.n_ctx(), calibration)));
-                if let Ok((jobs, gauge)) = queue_rx.recv() {
-                    engine::run(model, ctx, engine_cfg, jobs, metrics, gauge);
+                if let Ok((jobs, gauge, cost)) = queue_rx.recv() {
+                    engine::run(model, ctx, engine_cfg, cost, jobs, metrics, gauge);
                 }
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?
@@ -117,32 +122,34 @@ fn serve(cfg: Config) -> Result<(), String> {
         .recv()
         .map_err(|_| "the engine thread died while starting".to_string())??;
 
-    let rates = match (cfg.rates, calibration) {
-        (Some(r), _) => r,
+    let (rates, cost) = match (cfg.rates, calibration) {
+        (Some(r), _) => (r, CostModel::from_rates(r, cfg.parallel)),
         (None, Some(c)) => {
             eprintln!(
                 "sluice: calibration ({:.1} s): prefill {:.0} tok/s in {}-token chunks; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}",
-                c.seconds, c.prefill_tok_s, cfg.step_tokens_max, c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel
+                c.seconds, c.prefill_tok_s, cfg.n_batch(), c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel
             );
-            Rates {
+            let rates = Rates {
                 prefill_tok_s: c.prefill_tok_s,
                 decode_tok_s: c.decode_tok_s_parallel,
-            }
+            };
+            let cost = CostModel::from_calibration(
+                c.prefill_tok_s,
+                c.decode_tok_s_batch_1,
+                c.decode_tok_s_parallel,
+                c.parallel,
+            );
+            (rates, cost)
         }
         (None, None) => unreachable!("the engine calibrates when no rates are given"),
     };
-    let mut bounds = derive_bounds(
-        rates,
-        cfg.typical,
-        cfg.queue_wait,
-        cfg.queue_depth,
-        cfg.queue_depth_cap,
-    );
-    if let Some(n) = cfg.queued_tokens_max {
-        bounds.queued_tokens_max = n;
-    }
+    let policy = cfg.policy();
+    let http_threads = cfg.http_threads()?;
+    let (admission, jobs, gauge) =
+        Admission::new(cfg.parallel, rates, policy, Arc::clone(&metrics));
+    let (_, bounds) = gauge.snapshot();
     eprintln!(
-        "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {}{} (mu_prefill {:.0} tok/s x W_max)",
+        "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {}{} (mu_prefill {:.0} tok/s x W_max); refined online from every step",
         bounds.mu_req,
         cfg.typical.prompt_tokens,
         cfg.typical.max_tokens,
@@ -155,17 +162,14 @@ fn serve(cfg: Config) -> Result<(), String> {
     );
     match cfg.shed {
         Some((target, interval)) => eprintln!(
-            "sluice: shedding: sojourn target {} ms over {} ms intervals (CoDel)",
+            "sluice: shedding: sojourn target {} ms over {} ms intervals (CoDel); past the target, a request starts only if its first token can come within W_max",
             target.as_millis(),
             interval.as_millis()
         ),
         None => eprintln!("sluice: shedding off (--no-shed)"),
     }
-    let http_threads = cfg.http_threads(bounds.queue_depth_max)?;
-    let (admission, jobs, gauge) =
-        Admission::new(cfg.parallel, rates, bounds, Arc::clone(&metrics));
     queue_tx
-        .send((jobs, Arc::clone(&gauge)))
+        .send((jobs, Arc::clone(&gauge), cost))
         .map_err(|_| "the engine thread died while starting".to_string())?;
 
     let addr = format!("{}:{}", cfg.host, cfg.port);
@@ -182,12 +186,19 @@ fn serve(cfg: Config) -> Result<(), String> {
         cfg.model.display(),
         model.description()
     );
+    let step = match cfg.step_tokens {
+        Some(n) => format!("step budget {n} tokens (--step-tokens)"),
+        None => format!(
+            "step budget derived from a {} ms inter-token target (up to {} tokens)",
+            cfg.itl_target.as_millis(),
+            cfg.n_batch()
+        ),
+    };
     eprintln!(
-        "sluice: {} compute threads pinned to CPUs {:?}; {} parallel sequences; step budget {} tokens; {} HTTP handlers",
+        "sluice: {} compute threads pinned to CPUs {:?}; {} parallel sequences; {step}; {} HTTP handlers",
         cfg.cpus.len(),
         cfg.cpus,
         cfg.parallel,
-        cfg.step_tokens_max,
         http_threads
     );
     let state = Arc::new(AppState {

@@ -4,7 +4,7 @@
 //! model on a small box, and a check of its relation to the other limits here,
 //! at start-up, rather than somewhere in the hot path.
 
-use crate::admission::{Rates, Typical, QUEUE_DEPTH_SAFE_MAX};
+use crate::admission::{Policy, Rates, Typical, QUEUE_DEPTH_SAFE_MAX};
 use argh::FromArgs;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,26 +12,49 @@ use std::time::Duration;
 pub const MODEL_PATH_DEFAULT: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Largest `--ctx`: llama.cpp accepts more, but a CPU box will not serve it.
 pub const CTX_TOKENS_MAX: usize = 131_072;
-/// llama.cpp's limit on sequence ids.
+/// llama.cpp's limit on sequence ids (and below `STEP_TOKENS_CEILING`, so that
+/// every running sequence fits in a step).
 pub const PARALLEL_MAX: usize = 256;
 /// Largest admission queue an operator may configure with `--queue-depth-unsafe`;
 /// without it the ceiling is `admission::QUEUE_DEPTH_SAFE_MAX` (9).
 pub const QUEUE_DEPTH_UNSAFE_MAX: usize = 4096;
+/// Largest `--step-tokens` (llama.cpp's n_batch; its compute buffers grow with it).
+pub const STEP_TOKENS_MAX: usize = 8192;
+/// Most tokens in a step when the budget is derived from the ITL target: the
+/// chunk a prefill takes when no stream is decoding. Larger chunks are no
+/// faster per token on a CPU, and cost compute-buffer memory.
+pub const STEP_TOKENS_CEILING: usize = 512;
+const _: () = assert!(PARALLEL_MAX <= STEP_TOKENS_CEILING);
 /// Handler threads beyond those that can be busy streaming, so that `/health`
 /// and `/metrics` are answered even when every slot and queue place is taken.
 pub const HTTP_SPARE_THREADS: usize = 4;
 
 impl Config {
     /// Handler threads: as given, or enough for every running and queued request
-    /// to stream while health checks are still answered. Refuses a pool that
-    /// could leave no thread for them.
-    pub fn http_threads(&self, queue_depth_max: usize) -> Result<usize, String> {
-        let busy_max = self.parallel + queue_depth_max;
+    /// to stream (at the highest L_max the gate may allow) while health checks
+    /// are still answered. Refuses a pool that could leave no thread for them.
+    pub fn http_threads(&self) -> Result<usize, String> {
+        let busy_max = self.parallel + self.policy().queue_depth_ceiling();
         let n = self.http_threads.unwrap_or(busy_max + HTTP_SPARE_THREADS);
         check_range("--http-threads", n, busy_max + 1, 8192).map_err(|e| {
             format!("{e} (handlers of running and queued requests, plus one for /health)")
         })?;
         Ok(n)
+    }
+
+    /// How admission derives its bounds.
+    pub fn policy(&self) -> Policy {
+        Policy {
+            typical: self.typical,
+            queue_wait: self.queue_wait,
+            queue_depth: self.queue_depth,
+            queued_tokens_max: self.queued_tokens_max,
+        }
+    }
+
+    /// Tokens in llama.cpp's batch: the most one step may hold.
+    pub fn n_batch(&self) -> usize {
+        self.step_tokens.unwrap_or(STEP_TOKENS_CEILING)
     }
 }
 
@@ -82,10 +105,14 @@ pub struct ServeArgs {
     /// sequences decoded together (continuous batching; default: 4)
     #[argh(option, default = "4")]
     pub parallel: usize,
-    /// most tokens in one engine step: decode tokens first, then prefill chunks
-    /// (default: 64)
-    #[argh(option, default = "64")]
-    pub step_tokens: usize,
+    /// inter-token latency target in ms: a step with running streams takes only
+    /// as many prefill tokens as keep it within this (default: 150)
+    #[argh(option, default = "150")]
+    pub itl_target_ms: u64,
+    /// a fixed number of tokens per engine step (decode tokens first, then
+    /// prefill chunks), instead of the budget derived from --itl-target-ms
+    #[argh(option)]
+    pub step_tokens: Option<usize>,
     /// queueing budget for time to first token, in ms: the queue holds what this
     /// machine serves in that time (Little's law) (default: 5000)
     #[argh(option, default = "5000")]
@@ -178,12 +205,12 @@ pub struct Config {
     pub cpus: Vec<usize>,
     pub ctx_tokens: Option<usize>,
     pub parallel: usize,
-    pub step_tokens_max: usize,
+    /// `--step-tokens`: a fixed step budget; `None` derives it from the ITL target.
+    pub step_tokens: Option<usize>,
+    pub itl_target: Duration,
     pub queue_wait: Duration,
     /// The operator's queue depth, instead of the derived one.
     pub queue_depth: Option<usize>,
-    /// Highest queue depth allowed: 9, or more with `--queue-depth-unsafe`.
-    pub queue_depth_cap: usize,
     /// CoDel's sojourn target and interval; `None` with `--no-shed`.
     pub shed: Option<(Duration, Duration)>,
     /// The operator's queued-token budget, instead of the derived one.
@@ -264,8 +291,16 @@ impl Config {
             1,
             CTX_TOKENS_MAX,
         )?;
-        check_range("--step-tokens", a.step_tokens, a.parallel, 8192)
-            .map_err(|e| format!("{e} (every running sequence needs a token in each step, so it must be at least --parallel)"))?;
+        if let Some(n) = a.step_tokens {
+            check_range("--step-tokens", n, a.parallel, STEP_TOKENS_MAX)
+                .map_err(|e| format!("{e} (every running sequence needs a token in each step, so it must be at least --parallel)"))?;
+        }
+        if a.itl_target_ms == 0 || a.itl_target_ms > 60_000 {
+            return Err(format!(
+                "--itl-target-ms is {}; it must be 1 to 60000",
+                a.itl_target_ms
+            ));
+        }
         if let Some(ctx) = a.ctx {
             check_range("--ctx", ctx, 16, CTX_TOKENS_MAX)?;
         }
@@ -305,10 +340,10 @@ impl Config {
             cpus,
             ctx_tokens: a.ctx,
             parallel: a.parallel,
-            step_tokens_max: a.step_tokens,
+            step_tokens: a.step_tokens,
+            itl_target: Duration::from_millis(a.itl_target_ms),
             queue_wait: Duration::from_millis(a.queue_wait_ms),
             queue_depth: a.queue_depth,
-            queue_depth_cap,
             shed,
             queued_tokens_max: a.queued_tokens_max.filter(|&n| n > 0),
             rates,

@@ -36,8 +36,13 @@ pub struct Metrics {
     pub failed: AtomicU64,
     /// Requests shed at dequeue because the queue stood above its sojourn target.
     pub shed_sojourn: AtomicU64,
+    /// Requests shed at dequeue because their first token could no longer come
+    /// within W_max.
+    pub shed_ttft_budget: AtomicU64,
     /// Requests dropped at dequeue because their caller's deadline had passed.
     pub dropped_deadline: AtomicU64,
+    /// The token budget of the last step planned.
+    pub step_budget_tokens: AtomicUsize,
     /// CoDel is shedding.
     pub shedding: AtomicBool,
     /// Requests leave the queue above the sojourn target: the server is not ready.
@@ -74,7 +79,9 @@ impl Default for Metrics {
             cancelled_disconnect: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             shed_sojourn: AtomicU64::new(0),
+            shed_ttft_budget: AtomicU64::new(0),
             dropped_deadline: AtomicU64::new(0),
+            step_budget_tokens: AtomicUsize::new(0),
             shedding: AtomicBool::new(false),
             sojourn_above_target: AtomicBool::new(false),
             heartbeat_ms: AtomicU64::new(0),
@@ -221,8 +228,10 @@ impl Metrics {
             "# HELP sluice_requests_dropped_total Admitted requests that left the queue without running, by reason.\n\
              # TYPE sluice_requests_dropped_total counter\n\
              sluice_requests_dropped_total{{reason=\"shed_sojourn\"}} {}\n\
+             sluice_requests_dropped_total{{reason=\"shed_ttft_budget\"}} {}\n\
              sluice_requests_dropped_total{{reason=\"deadline\"}} {}",
             l(&self.shed_sojourn),
+            l(&self.shed_ttft_budget),
             l(&self.dropped_deadline)
         );
         gauge(
@@ -268,6 +277,12 @@ impl Metrics {
             l(&self.steps_mixed),
         );
         let g = |a: &AtomicUsize| a.load(Ordering::Relaxed) as f64;
+        gauge(
+            &mut out,
+            "sluice_step_budget_tokens",
+            "Token budget of the last step planned (derived from the ITL target, or --step-tokens).",
+            g(&self.step_budget_tokens),
+        );
         gauge(
             &mut out,
             "sluice_sequences_active",

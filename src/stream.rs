@@ -64,10 +64,33 @@ pub struct Usage {
 pub enum ErrorKind {
     /// llama.cpp failed to decode a batch holding this request.
     Engine,
-    /// Shed at dequeue: the queue has been standing above its sojourn target.
-    Shed { retry_after_s: u64 },
+    /// Shed at dequeue (503): see [`ShedReason`].
+    Shed {
+        reason: ShedReason,
+        retry_after_s: u64,
+    },
     /// The caller's deadline passed before the request could start.
     DeadlineExceeded,
+}
+
+/// Why a request was shed at dequeue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShedReason {
+    /// CoDel: the queue has been standing above its sojourn target for an interval.
+    Sojourn,
+    /// It waited past the sojourn target, and its forecast prefill would bring
+    /// its first token past the queueing budget W_max: it would only be late.
+    TtftBudget,
+}
+
+impl ShedReason {
+    /// The stable error code and metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ShedReason::Sojourn => "shed_sojourn",
+            ShedReason::TtftBudget => "shed_ttft_budget",
+        }
+    }
 }
 
 /// The log-probability of one token, with the most likely alternatives.

@@ -6,18 +6,25 @@
 //! per-step token budget; see `planner`), run one `llama_decode`, then sample,
 //! detokenize and `try_send` each sequence's token on its own bounded stream.
 //! `Full` pauses the sequence; `Disconnected` cancels it and frees its KV cells.
+//!
+//! The step budget is derived, not configured: `cost` learns what a step costs
+//! from every step run, and a step with running streams takes only as many
+//! prefill tokens as keep it within the inter-token target. The same estimates
+//! are published to admission, whose bounds follow them.
 
 pub mod calibration;
 pub mod codel;
+pub mod cost;
 pub mod ffi;
 pub mod logprobs;
 pub mod planner;
 pub mod text;
 
-use crate::admission::{retry_after_s, QueueGauge};
+use crate::admission::QueueGauge;
 use crate::metrics::Metrics;
-use crate::stream::{ErrorKind, Event, FinishReason, TokenLogprob, Usage};
+use crate::stream::{ErrorKind, Event, FinishReason, ShedReason, TokenLogprob, Usage};
 use codel::{Codel, Verdict};
+use cost::{Chunk, CostModel};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
 use ffi::{Batch, Context, Model, SamplingParams, Token};
 use planner::{Phase, SeqView, Work};
@@ -29,6 +36,8 @@ use text::TextAssembler;
 
 /// How long an idle engine sleeps waiting for work before it checks for shutdown.
 const IDLE_WAIT_MS: u64 = 100;
+/// How often the engine publishes its measured rates to admission, at most.
+const RATES_PUBLISH_INTERVAL_MS: u64 = 100;
 /// Events a finished or paused sequence may hold undelivered: its last token and
 /// its end. The sequence is paused while any are held.
 const OUTBOX_EVENTS_MAX: usize = 3;
@@ -71,7 +80,15 @@ impl Job {
 pub struct EngineConfig {
     pub parallel: usize,
     pub n_ctx: usize,
-    pub step_tokens_max: usize,
+    /// llama.cpp's batch size: the most tokens one step may hold.
+    pub n_batch: usize,
+    /// `--step-tokens`: a fixed step budget; `None` derives each step's budget
+    /// from the cost model and `itl_target`.
+    pub step_tokens: Option<usize>,
+    pub itl_target: Duration,
+    /// W_max: a request that waited past the sojourn target starts only if its
+    /// first token can still come within this.
+    pub queue_wait: Duration,
     pub cpus: Vec<usize>,
     pub poll: u32,
     /// CoDel's sojourn target and interval; `None` sheds nothing (`--no-shed`).
@@ -90,6 +107,8 @@ struct Seq {
     next_token: Option<Token>,
     /// When the last token was sampled.
     last_token_at: Option<Instant>,
+    /// Measured seconds per token of this prompt's latest prefill chunks.
+    prefill_s_per_token: Option<f64>,
     completion_tokens: usize,
     prompt_logprobs: Vec<TokenLogprob>,
     outbox: VecDeque<Event>,
@@ -98,6 +117,15 @@ struct Seq {
 }
 
 impl Seq {
+    /// The cost model's view of this sequence's next `tokens` prompt tokens.
+    fn chunk(&self, tokens: usize) -> Chunk {
+        Chunk {
+            tokens,
+            start: self.n_past,
+            own_s_per_token: self.prefill_s_per_token,
+        }
+    }
+
     fn phase(&self) -> Option<Phase> {
         if self.done {
             return None;
@@ -121,23 +149,25 @@ pub fn run(
     model: Arc<Model>,
     mut ctx: Context,
     cfg: EngineConfig,
+    cost: CostModel,
     jobs: Receiver<Job>,
     metrics: Arc<Metrics>,
     queue: Arc<QueueGauge>,
 ) {
+    assert!(cfg.n_batch >= cfg.parallel, "n_batch below --parallel");
+    assert_eq!(cfg.n_batch, ctx.n_batch(), "n_batch of the context");
     assert!(
-        cfg.step_tokens_max >= cfg.parallel,
-        "step budget below --parallel"
-    );
-    assert!(
-        cfg.step_tokens_max <= ctx.n_batch(),
-        "step budget above n_batch"
+        cfg.step_tokens
+            .is_none_or(|n| n >= cfg.parallel && n <= cfg.n_batch),
+        "fixed step budget outside parallel..=n_batch"
     );
     let mut engine = Engine {
         model,
         slots: (0..cfg.parallel).map(|_| None).collect(),
-        batch: Batch::new(cfg.step_tokens_max),
+        batch: Batch::new(cfg.n_batch),
         waiting: None,
+        cost,
+        rates_published_at: Instant::now(),
         kv_cells_reserved: 0,
         admitted: 0,
         codel: cfg
@@ -151,7 +181,13 @@ pub fn run(
         engine.metrics.beat();
         engine.deliver_outboxes(&mut ctx);
         let closed = engine.admit(&jobs);
-        let plan = planner::plan_step(&engine.views(), engine.cfg.step_tokens_max);
+        let views = engine.views();
+        let budget = engine.step_budget(&views);
+        engine
+            .metrics
+            .step_budget_tokens
+            .store(budget, Ordering::Relaxed);
+        let plan = planner::plan_step(&views, budget);
         if plan.is_empty() {
             let active = engine.slots.iter().any(Option::is_some) || engine.waiting.is_some();
             if closed && !active {
@@ -176,9 +212,18 @@ struct Engine {
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
     /// Admission's count of the load: told when a job gets a slot and when it
-    /// leaves it.
+    /// leaves it, and the rates the cost model measures.
     queue: Arc<QueueGauge>,
     codel: Option<Codel>,
+    cost: CostModel,
+    rates_published_at: Instant,
+}
+
+/// Why a job leaves the queue without running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dropped {
+    Deadline,
+    Shed(ShedReason),
 }
 
 impl Engine {
@@ -195,6 +240,58 @@ impl Engine {
                 })
             })
             .collect()
+    }
+
+    /// Tokens the next step may hold: fixed by `--step-tokens`, or the decode
+    /// tokens plus the prefill the ITL target leaves room for.
+    fn step_budget(&self, views: &[SeqView]) -> usize {
+        let budget = match self.cfg.step_tokens {
+            Some(n) => n,
+            None => {
+                let n_decode = views.iter().filter(|v| v.phase == Phase::Decode).count();
+                // Priced at the dearest prompt being prefilled: the planner may
+                // give it the whole budget.
+                let s_per_token = views
+                    .iter()
+                    .filter(|v| matches!(v.phase, Phase::Prefill { .. }))
+                    .filter_map(|v| self.slots[v.slot].as_ref())
+                    .map(|s| self.cost.chunk_s_per_token(&s.chunk(0)))
+                    .fold(self.cost.prefill_s_per_token(), f64::max);
+                n_decode
+                    + self.cost.prefill_budget(
+                        n_decode,
+                        s_per_token,
+                        self.cfg.itl_target,
+                        self.cfg.n_batch,
+                    )
+            }
+        };
+        budget.clamp(views.len().max(1), self.cfg.n_batch)
+    }
+
+    /// Sequences that will take a decode token in the coming steps.
+    fn n_decoding(&self) -> usize {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| !s.done && s.job.prompt.len() <= s.n_past)
+            .count()
+    }
+
+    /// Forecast of the time from now to a new job's first token, if it started now.
+    fn prefill_forecast(&self, prompt_tokens: usize) -> Duration {
+        let n_decode = self.n_decoding();
+        let budget = match self.cfg.step_tokens {
+            Some(n) => n.saturating_sub(n_decode).max(1),
+            None => self.cost.prefill_budget(
+                n_decode,
+                self.cost.prefill_s_per_token(),
+                self.cfg.itl_target,
+                self.cfg.n_batch,
+            ),
+        };
+        let s = self.cost.prefill_time_s(prompt_tokens, n_decode, budget);
+        Duration::from_secs_f64(s.clamp(0.0, 86_400.0))
     }
 
     /// Admits queued jobs while a slot and their KV cells are free. Returns true
@@ -220,7 +317,7 @@ impl Engine {
                     "the request's deadline passed after {} ms in the queue, before it could start; it was not run",
                     waited.as_millis()
                 );
-                self.refuse(job, ErrorKind::DeadlineExceeded, message);
+                self.refuse(job, Dropped::Deadline, message);
                 continue;
             }
             let cells = job.kv_cells();
@@ -230,19 +327,30 @@ impl Engine {
             }
             let sojourn = now.saturating_duration_since(job.enqueued_at);
             if let Some(Verdict::Shed) = self.codel.as_mut().map(|c| c.on_dequeue(sojourn, now)) {
-                let retry_after_s = retry_after_s(
-                    self.queue.queued_requests(),
-                    self.queue.queued_tokens(),
-                    self.queue.rates,
-                    self.queue.bounds,
-                );
                 let message = format!(
-                    "shed: requests have waited over the {} ms target for a whole interval (this one {} ms); retry after {retry_after_s} s",
+                    "shed: requests have waited over the {} ms target for a whole interval (this one {} ms)",
                     self.cfg.shed.map_or(0, |(t, _)| t.as_millis()),
                     sojourn.as_millis()
                 );
-                self.refuse(job, ErrorKind::Shed { retry_after_s }, message);
+                self.refuse(job, Dropped::Shed(ShedReason::Sojourn), message);
                 continue;
+            }
+            // Past the sojourn target, a job starts only if its first token can
+            // still come within W_max: otherwise it would only be late, and hold
+            // a slot that a job with time left could use.
+            if let Some((target, _)) = self.cfg.shed {
+                let forecast = self.prefill_forecast(job.prompt.len());
+                if sojourn >= target && sojourn + forecast > self.cfg.queue_wait {
+                    let message = format!(
+                        "shed: it waited {} ms, and its {} prompt tokens need about {} ms more before a first token: past the {} ms budget",
+                        sojourn.as_millis(),
+                        job.prompt.len(),
+                        forecast.as_millis(),
+                        self.cfg.queue_wait.as_millis()
+                    );
+                    self.refuse(job, Dropped::Shed(ShedReason::TtftBudget), message);
+                    continue;
+                }
             }
             self.kv_cells_reserved += cells;
             self.admitted += 1;
@@ -255,6 +363,7 @@ impl Engine {
                 n_past: 0,
                 next_token: None,
                 last_token_at: None,
+                prefill_s_per_token: None,
                 completion_tokens: 0,
                 prompt_logprobs: Vec::new(),
                 outbox: VecDeque::new(),
@@ -276,12 +385,30 @@ impl Engine {
 
     /// Answers a job that leaves the queue without running, counts it, and
     /// frees its place in admission.
-    fn refuse(&mut self, job: Job, kind: ErrorKind, message: String) {
+    fn refuse(&mut self, job: Job, why: Dropped, message: String) {
         self.queue.dropped(job.prompt.len());
-        let counter = match kind {
-            ErrorKind::DeadlineExceeded => &self.metrics.dropped_deadline,
-            ErrorKind::Shed { .. } => &self.metrics.shed_sojourn,
-            ErrorKind::Engine => &self.metrics.failed,
+        let (counter, kind, message) = match why {
+            Dropped::Deadline => (
+                &self.metrics.dropped_deadline,
+                ErrorKind::DeadlineExceeded,
+                message,
+            ),
+            Dropped::Shed(reason) => {
+                let retry_after_s = self.queue.retry_after_s();
+                let counter = match reason {
+                    ShedReason::Sojourn => &self.metrics.shed_sojourn,
+                    ShedReason::TtftBudget => &self.metrics.shed_ttft_budget,
+                };
+                let kind = ErrorKind::Shed {
+                    reason,
+                    retry_after_s,
+                };
+                (
+                    counter,
+                    kind,
+                    format!("{message}; retry after {retry_after_s} s"),
+                )
+            }
         };
         counter.fetch_add(1, Ordering::Relaxed);
         // The stream is empty: this is its first event, so it fits.
@@ -347,8 +474,33 @@ impl Engine {
             }
             return;
         }
-        self.metrics
-            .record_step(self.batch.len(), plan.n_decode(), started.elapsed());
+        let took = started.elapsed();
+        let n_decode = plan.n_decode();
+        self.metrics.record_step(self.batch.len(), n_decode, took);
+        let prefills: Vec<(usize, Chunk)> = placed
+            .iter()
+            .filter(|&&(slot, _, n)| {
+                self.slots[slot]
+                    .as_ref()
+                    .is_some_and(|s| s.n_past < s.job.prompt.len())
+                    && n > 0
+            })
+            .map(|&(slot, _, n)| {
+                let seq = self.slots[slot].as_ref().expect("placed slot is active");
+                (slot, seq.chunk(n))
+            })
+            .collect();
+        let chunks: Vec<Chunk> = prefills.iter().map(|&(_, c)| c).collect();
+        let measured = self.cost.observe(n_decode, &chunks, took.as_secs_f64());
+        for (&(slot, _), m) in prefills.iter().zip(measured) {
+            if let Some(seq) = self.slots[slot].as_mut() {
+                seq.prefill_s_per_token = Some(cost::update_own_cost(seq.prefill_s_per_token, m));
+            }
+        }
+        if self.rates_published_at.elapsed() >= Duration::from_millis(RATES_PUBLISH_INTERVAL_MS) {
+            self.queue.set_rates(self.cost.rates());
+            self.rates_published_at = Instant::now();
+        }
 
         for (slot, first, n) in placed {
             self.after_decode(ctx, slot, first, n);

@@ -4,6 +4,7 @@
 //! `code` is a stable string that also serves as a metrics label; messages name
 //! the limit and the value given.
 
+use crate::stream::ShedReason;
 use serde_json::json;
 
 /// Which admission bound a refused request would have broken.
@@ -50,8 +51,10 @@ pub enum ApiError {
         prompt_tokens: usize,
         retry_after_s: u64,
     },
-    /// Shed at dequeue: the queue stood above its sojourn target (CoDel).
+    /// Shed at dequeue: the queue stood above its sojourn target (CoDel), or the
+    /// request could no longer get its first token within W_max.
     Shed {
+        reason: ShedReason,
         message: String,
         retry_after_s: u64,
     },
@@ -110,7 +113,7 @@ impl ApiError {
                 ..
             } => "queue_token_budget",
             ApiError::Engine { .. } => "engine_error",
-            ApiError::Shed { .. } => "shed_sojourn",
+            ApiError::Shed { reason, .. } => reason.as_str(),
             ApiError::DeadlineExceeded { .. } => "deadline_exceeded",
             ApiError::Timeout { .. } => "request_timeout",
         }

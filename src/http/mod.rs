@@ -133,6 +133,7 @@ fn handle(state: &AppState, req: Request) {
             respond_json(req, 200, &body, None);
         }
         (Method::Get, "/metrics") => {
+            let (rates, bounds) = state.queue.snapshot();
             let gauges = [
                 (
                     "sluice_compute_threads",
@@ -151,8 +152,13 @@ fn handle(state: &AppState, req: Request) {
                 ),
                 (
                     "sluice_queue_depth_max",
-                    "Admission queue bound L_max (Little's law, or --queue-depth).",
-                    state.queue.bounds.queue_depth_max as f64,
+                    "Admission queue bound L_max (Little's law on the live rates, or --queue-depth).",
+                    bounds.queue_depth_max as f64,
+                ),
+                (
+                    "sluice_queue_depth_ceiling",
+                    "Highest L_max the gate may allow (9, or --queue-depth): the queue's capacity.",
+                    state.cfg.policy().queue_depth_ceiling() as f64,
                 ),
                 (
                     "sluice_queued_prompt_tokens",
@@ -162,27 +168,32 @@ fn handle(state: &AppState, req: Request) {
                 (
                     "sluice_queued_prompt_tokens_max",
                     "Budget of waiting prompt tokens (mu_prefill x W_max).",
-                    state.queue.bounds.queued_tokens_max as f64,
+                    bounds.queued_tokens_max as f64,
                 ),
                 (
                     "sluice_mu_prefill_tokens_per_second",
-                    "Prefill rate the admission bounds are derived from.",
-                    state.queue.rates.prefill_tok_s,
+                    "Prefill rate the admission bounds are derived from (calibrated, refined online).",
+                    rates.prefill_tok_s,
                 ),
                 (
                     "sluice_mu_decode_tokens_per_second",
-                    "Aggregate decode rate at --parallel sequences the bounds are derived from.",
-                    state.queue.rates.decode_tok_s,
+                    "Aggregate decode rate at --parallel sequences the bounds are derived from (calibrated, refined online).",
+                    rates.decode_tok_s,
                 ),
                 (
                     "sluice_mu_requests_per_second",
                     "Request service rate for the typical request.",
-                    state.queue.bounds.mu_req,
+                    bounds.mu_req,
                 ),
                 (
                     "sluice_queue_wait_budget_seconds",
                     "W_max: the queueing budget for time to first token.",
                     state.cfg.queue_wait.as_secs_f64(),
+                ),
+                (
+                    "sluice_itl_target_seconds",
+                    "Inter-token latency target the step budget is derived from.",
+                    state.cfg.itl_target.as_secs_f64(),
                 ),
                 (
                     "sluice_kv_cells",
@@ -476,7 +487,11 @@ fn next_event(rx: &Receiver<Event>, deadline: Instant, timeout_ms: u64) -> Resul
     match rx.recv_deadline(deadline) {
         Ok(Event::Error { kind, message }) => Err(match kind {
             ErrorKind::Engine => ApiError::Engine { message },
-            ErrorKind::Shed { retry_after_s } => ApiError::Shed {
+            ErrorKind::Shed {
+                reason,
+                retry_after_s,
+            } => ApiError::Shed {
+                reason,
                 message,
                 retry_after_s,
             },

@@ -241,7 +241,12 @@ fn under_sustained_overload_readyz_turns_503_and_back_while_livez_stays_200() {
                         200 => {}
                         503 => {
                             assert!(r.header("Retry-After").is_some());
-                            assert_eq!(r.body_json()["error"]["code"], "shed_sojourn");
+                            let v = r.body_json();
+                            let code = v["error"]["code"].as_str().unwrap_or_default();
+                            assert!(
+                                code == "shed_sojourn" || code == "shed_ttft_budget",
+                                "{v}"
+                            );
                             shed.fetch_add(1, Ordering::Relaxed);
                         }
                         // The queue is full: back off a little, as a client should.
@@ -277,7 +282,8 @@ fn under_sustained_overload_readyz_turns_503_and_back_while_livez_stays_200() {
     );
     assert!(shed.load(Ordering::Relaxed) > 0, "nothing was shed");
     assert_eq!(
-        srv.metric("sluice_requests_dropped_total{reason=\"shed_sojourn\"}"),
+        srv.metric("sluice_requests_dropped_total{reason=\"shed_sojourn\"}")
+            + srv.metric("sluice_requests_dropped_total{reason=\"shed_ttft_budget\"}"),
         shed.load(Ordering::Relaxed) as f64
     );
     // Load stopped: the queue drains and the server is ready again.
@@ -285,4 +291,98 @@ fn under_sustained_overload_readyz_turns_503_and_back_while_livez_stays_200() {
         request(srv.addr, "GET", "/readyz", None, &[]).status == 200
     });
     assert_eq!(request(srv.addr, "GET", "/livez", None, &[]).status, 200);
+}
+
+#[test]
+fn past_the_sojourn_target_only_requests_that_can_still_meet_w_max_start() {
+    // W_max 4 s, so the sojourn target is 2 s. One slot, calibrated rates, and
+    // room in the queue for a long prompt and a short one behind it.
+    let srv = Server::start(&[
+        "--parallel",
+        "1",
+        "--queue-depth",
+        "2",
+        "--queue-wait-ms",
+        "4000",
+        "--queued-tokens-max",
+        "10000",
+    ]);
+    let running = occupy_a_slot(&srv);
+    let prompt_tokens_before = srv.metric("sluice_prompt_tokens_total");
+    let send = |prompt: String| {
+        let addr = srv.addr;
+        let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
+        std::thread::spawn(move || {
+            request(
+                addr,
+                "POST",
+                "/v1/completions",
+                Some(body.to_string().as_bytes()),
+                &[("Content-Type", "application/json")],
+            )
+        })
+    };
+    // About 3,000 prompt tokens: seconds of prefill on a CPU, far past what is
+    // left of the budget once it has waited; then a short one.
+    let long = send(long_prompt(150));
+    wait_until(Duration::from_secs(30), "the long request to queue", || {
+        srv.metric("sluice_queue_depth") == 1.0
+    });
+    let short = send("Say hi.".into());
+    wait_until(
+        Duration::from_secs(30),
+        "the short request to queue",
+        || srv.metric("sluice_queue_depth") == 2.0,
+    );
+    // Both wait past the sojourn target, then the slot frees.
+    std::thread::sleep(Duration::from_millis(2200));
+    drop(running);
+
+    let long = long.join().expect("client");
+    assert_eq!(long.status, 503, "{}", String::from_utf8_lossy(&long.body));
+    let v = long.body_json();
+    assert_eq!(v["error"]["code"], "shed_ttft_budget", "{v}");
+    assert!(long.header("Retry-After").is_some());
+    let short = short.join().expect("client");
+    assert_eq!(
+        short.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&short.body)
+    );
+    assert_eq!(
+        srv.metric("sluice_requests_dropped_total{reason=\"shed_ttft_budget\"}"),
+        1.0
+    );
+    assert_eq!(
+        srv.metric("sluice_prompt_tokens_total") - prompt_tokens_before,
+        short.body_json()["usage"]["prompt_tokens"]
+            .as_f64()
+            .unwrap(),
+        "the long prompt was never prefilled"
+    );
+}
+
+#[test]
+fn the_queue_bound_follows_the_rates_measured_online() {
+    // Told the box does 5 tokens/s: mu_req = 1 / (128/5 + 128/5) = 0.02/s, so
+    // L_max = 1 and a 25-token budget. Any real box is far faster.
+    let srv = Server::start(&["--mu-prefill", "5", "--mu-decode", "5", "--parallel", "2"]);
+    assert_eq!(srv.metric("sluice_queue_depth_max"), 1.0);
+    assert_eq!(srv.metric("sluice_queued_prompt_tokens_max"), 25.0);
+    for i in 0..3 {
+        let r = srv.post(
+            "/v1/completions",
+            &json!({"prompt": long_prompt(5 + i), "max_tokens": 64, "ignore_eos": true, "temperature": 0}),
+        );
+        assert_eq!(r.status, 200);
+    }
+    wait_until(
+        Duration::from_secs(10),
+        "the engine to publish the rates it measured",
+        || srv.metric("sluice_queue_depth_max") >= 2.0,
+    );
+    assert!(srv.metric("sluice_mu_prefill_tokens_per_second") > 20.0);
+    assert!(srv.metric("sluice_mu_decode_tokens_per_second") > 20.0);
+    assert!(srv.metric("sluice_queued_prompt_tokens_max") > 100.0);
 }
