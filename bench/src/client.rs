@@ -10,6 +10,9 @@ use serde_json::json;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+/// Receive buffer of a slow reader's socket (Linux doubles it).
+const SLOW_READER_RCVBUF_BYTES: usize = 4096;
+
 /// Where and how requests are sent.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -98,7 +101,16 @@ fn attempt(
     else {
         return (finish(out, Kind::Timeout), None);
     };
-    let mut sse = match Sse::open(addr, path, body, remaining) {
+    // A slow reader gets a small receive buffer: otherwise its kernel would
+    // read ahead for it, and the server would never see it as slow.
+    let opened = match spec.reader {
+        Reader::Slow { .. } => {
+            crate::http::connect_with_rcvbuf(addr, remaining, SLOW_READER_RCVBUF_BYTES)
+                .and_then(|s| Sse::open_on(s, path, body))
+        }
+        _ => Sse::open(addr, path, body, remaining),
+    };
+    let mut sse = match opened {
         Ok(s) => s,
         Err(e) if is_timeout(&e) => return (finish(out, Kind::Timeout), None),
         Err(_) => return (finish(out, Kind::Broken), None),

@@ -65,6 +65,33 @@ pub fn parse_url(url: &str) -> io::Result<(SocketAddr, String)> {
 
 pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     let s = TcpStream::connect_timeout(&addr, timeout)?;
+    configure(s, timeout)
+}
+
+/// Connects with a receive buffer of about `rcvbuf_bytes` (set before the
+/// connection, so the window is small from the start; Linux doubles it): a
+/// slow reader whose kernel does not read ahead for it.
+pub fn connect_with_rcvbuf(
+    addr: SocketAddr,
+    timeout: Duration,
+    rcvbuf_bytes: usize,
+) -> io::Result<TcpStream> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.set_recv_buffer_size(rcvbuf_bytes)?;
+    sock.connect_timeout(&addr.into(), timeout)?;
+    configure(sock.into(), timeout)
+}
+
+/// The receive buffer the kernel gave a socket, in bytes.
+pub fn recv_buffer_bytes(s: &TcpStream) -> io::Result<usize> {
+    socket2::SockRef::from(s).recv_buffer_size()
+}
+
+fn configure(s: TcpStream, timeout: Duration) -> io::Result<TcpStream> {
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     s.set_nodelay(true)?;
@@ -257,7 +284,12 @@ pub struct Sse {
 
 impl Sse {
     pub fn open(addr: SocketAddr, path: &str, body: &[u8], timeout: Duration) -> io::Result<Sse> {
-        let mut s = connect(addr, timeout)?;
+        Sse::open_on(connect(addr, timeout)?, path, body)
+    }
+
+    /// Like `open`, on a socket of the caller's (e.g. one with a small receive
+    /// buffer).
+    pub fn open_on(mut s: TcpStream, path: &str, body: &[u8]) -> io::Result<Sse> {
         write_request(
             &mut s,
             "POST",

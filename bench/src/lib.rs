@@ -8,12 +8,14 @@
 //! - `workload`: request mix (prompt and answer lengths, long prompts, slow readers,
 //!   disconnecting clients, timeouts, retries).
 //! - `client`: one simulated client.
+//! - `hol`: the head-of-line figure (streams running while a long prompt arrives).
 //! - `runner`: open and closed loops, progress, target sampling, `/metrics` deltas.
 //! - `stats`: outcomes, latency histograms, goodput.
 //! - `plot`: the sweep's SVG.
 
 pub mod arrivals;
 pub mod client;
+pub mod hol;
 pub mod http;
 pub mod plot;
 pub mod runner;

@@ -5,12 +5,23 @@ use argh::FromArgs;
 use serde_json::{json, Value};
 use sluice_bench::arrivals::Phase;
 use sluice_bench::client::Target;
+use sluice_bench::hol::{HolConfig, HolReport};
 use sluice_bench::http::parse_url;
 use sluice_bench::plot::{sweep_svg, Point};
 use sluice_bench::runner::{closed_loop, open_loop, Report, RunConfig};
 use sluice_bench::stats::{Kind, Slo, Stats};
 use sluice_bench::workload::{Dist, Retry, Workload};
 use std::time::Duration;
+
+/// Long prompts of the `long-prompts` mix: near the default model's 8192 context.
+const LONG_PROMPT_TOKENS_DEFAULT: u64 = 7000;
+/// The head-of-line figure: a ~6,000-token prompt, among streams long enough to
+/// outlast its prefill (which, kept to the ITL target beside them, takes
+/// minutes on a 2-core box). All of it must fit the server's KV cells:
+/// 2 x (prompt + 3,000) + 6,000 needs `sluice serve --ctx 16384`.
+const HOL_LONG_PROMPT_TOKENS: u64 = 6000;
+const HOL_STREAM_MAX_TOKENS_DEFAULT: u64 = 3000;
+const HOL_WARM_TOKENS: usize = 8;
 
 /// Offered load of each `sweep` point, as a multiple of the capacity.
 const SWEEP_MULTIPLES: [f64; 9] = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0];
@@ -19,14 +30,17 @@ const SWEEP_MULTIPLES: [f64; 9] = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.
 /// Load harness for sluice and any OpenAI-compatible server (streaming chat).
 ///
 /// Scenarios: capacity (closed loop at --concurrency: the sustainable request
-/// rate), overload (open loop: 0.5x capacity, then a step to 2x), hol (long
-/// prompts among chat traffic), slow-readers, disconnects, sweep (0.25x to 3x
+/// rate), overload (open loop: 0.5x capacity, then a step to 2x), hol (the
+/// head-of-line figure: --hol-streams chat streams running while one prompt of
+/// --long-prompt-tokens arrives), long-prompts (chat traffic with a share of
+/// long prompts), slow-readers, disconnects, sweep (0.25x to 3x
 /// capacity, with an SVG plot of goodput and p99 TTFT), run (open loop at
 /// --rate), closed (closed loop at --concurrency). Scenarios that need the
 /// capacity measure it first unless --capacity is given. `plot` sends no load:
 /// it redraws the SVG of the sweep report named by --out.
 struct Args {
-    /// capacity, overload, hol, slow-readers, disconnects, sweep, run, closed or plot
+    /// capacity, overload, hol, long-prompts, slow-readers, disconnects, sweep,
+    /// run, closed or plot
     #[argh(positional)]
     scenario: String,
     /// server base URL (default: http://127.0.0.1:8080)
@@ -67,12 +81,20 @@ struct Args {
     /// max_tokens per request, same forms (default: uniform:32:128)
     #[argh(option, default = "String::from(\"uniform:32:128\")")]
     max_tokens: String,
-    /// share of requests with a long prompt (default: 0; hol: 0.05)
+    /// share of requests with a long prompt (default: 0; long-prompts: 0.05)
     #[argh(option)]
     long_share: Option<f64>,
-    /// tokens of a long prompt (default: 7000, near the default model's 8192 context)
-    #[argh(option, default = "7000")]
-    long_prompt_tokens: u64,
+    /// tokens of a long prompt (default: 7000, near the default model's 8192
+    /// context; hol: 6000)
+    #[argh(option)]
+    long_prompt_tokens: Option<u64>,
+    /// chat streams running while the long prompt arrives, for hol (default: 2)
+    #[argh(option, default = "2")]
+    hol_streams: usize,
+    /// max_tokens of each hol stream (default: 3000; with the long prompt, the
+    /// server needs the KV cells for all of them: --ctx 16384)
+    #[argh(option)]
+    hol_stream_tokens: Option<u64>,
     /// share of clients that read slowly (default: 0; slow-readers: 0.25)
     #[argh(option)]
     slow_share: Option<f64>,
@@ -117,6 +139,10 @@ struct Args {
     /// JSON report file (default: sluice-bench-SCENARIO.json)
     #[argh(option)]
     out: Option<String>,
+    /// sweep points as multiples of the capacity, comma-separated (default:
+    /// 0.25,0.5,0.75,1,1.25,1.5,2,2.5,3)
+    #[argh(option)]
+    multiples: Option<String>,
     /// SVG plot file for sweep (default: the report's name with .svg)
     #[argh(option)]
     plot: Option<String>,
@@ -149,17 +175,17 @@ fn run(a: Args) -> Result<(), String> {
     let duration = Duration::from_secs_f64(positive("--duration-s", a.duration_s)?);
     let scenario = a.scenario.as_str();
     let (long_d, slow_d, disc_d) = match scenario {
-        "hol" => (0.05, 0.0, 0.0),
+        "long-prompts" => (0.05, 0.0, 0.0),
         "slow-readers" => (0.0, 0.25, 0.0),
         "disconnects" => (0.0, 0.0, 0.3),
-        "capacity" | "overload" | "sweep" | "run" | "closed" => (0.0, 0.0, 0.0),
+        "capacity" | "overload" | "sweep" | "run" | "closed" | "hol" => (0.0, 0.0, 0.0),
         other => return Err(format!("unknown scenario '{other}' (see --help)")),
     };
     let mut workload = Workload {
         prompt_tokens: Dist::parse(&a.prompt_tokens)?,
         max_tokens: Dist::parse(&a.max_tokens)?,
         long_share: a.long_share.unwrap_or(long_d),
-        long_prompt_tokens: a.long_prompt_tokens,
+        long_prompt_tokens: a.long_prompt_tokens.unwrap_or(LONG_PROMPT_TOKENS_DEFAULT),
         slow_share: a.slow_share.unwrap_or(slow_d),
         slow_read_tok_s: a.slow_read_tok_s,
         disconnect_share: a.disconnect_share.unwrap_or(disc_d),
@@ -203,7 +229,7 @@ fn run(a: Args) -> Result<(), String> {
 
     let needs_capacity = matches!(
         scenario,
-        "capacity" | "overload" | "hol" | "slow-readers" | "disconnects" | "sweep"
+        "capacity" | "overload" | "long-prompts" | "slow-readers" | "disconnects" | "sweep"
     );
     let mut capacity_report = Value::Null;
     let capacity = match (needs_capacity, a.capacity) {
@@ -270,7 +296,24 @@ fn run(a: Args) -> Result<(), String> {
             print_table("overload (0.5x, then 2x capacity)", &r);
             result = r.to_json();
         }
-        "hol" | "slow-readers" | "disconnects" => {
+        "hol" => {
+            let hol = HolConfig {
+                streams: a.hol_streams.max(1),
+                stream_max_tokens: a.hol_stream_tokens.unwrap_or(HOL_STREAM_MAX_TOKENS_DEFAULT),
+                warm_tokens: HOL_WARM_TOKENS,
+                long_prompt_tokens: a.long_prompt_tokens.unwrap_or(HOL_LONG_PROMPT_TOKENS),
+                // A CPU prefills 6,000 tokens in about a minute; allow ten.
+                timeout: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?.max(600.0)),
+            };
+            eprintln!(
+                "sluice-bench: hol: {} streams running, then one prompt of ~{} tokens",
+                hol.streams, hol.long_prompt_tokens
+            );
+            let r = sluice_bench::hol::run(&cfg.target, &hol)?;
+            print_hol(&r);
+            result = r.to_json();
+        }
+        "long-prompts" | "slow-readers" | "disconnects" => {
             let r = open_loop(&cfg, &phases_at(&[(0.7, 1.0)]));
             print_table(&format!("{scenario} at 0.7x capacity"), &r);
             result = r.to_json();
@@ -278,7 +321,20 @@ fn run(a: Args) -> Result<(), String> {
         "sweep" => {
             let mut points = Vec::new();
             let mut rows = Vec::new();
-            for m in SWEEP_MULTIPLES {
+            let multiples: Vec<f64> = match &a.multiples {
+                None => SWEEP_MULTIPLES.to_vec(),
+                Some(list) => list
+                    .split(',')
+                    .map(|m| {
+                        m.trim()
+                            .parse::<f64>()
+                            .ok()
+                            .filter(|m| m.is_finite() && *m > 0.0)
+                            .ok_or(format!("--multiples: '{m}' is not a positive number"))
+                    })
+                    .collect::<Result<_, _>>()?,
+            };
+            for m in multiples {
                 eprintln!("sluice-bench: sweep point {m}x capacity");
                 let r = open_loop(&cfg, &phases_at(&[(m, 1.0)]));
                 print_table(&format!("sweep {m}x capacity"), &r);
@@ -421,6 +477,32 @@ fn print_table(title: &str, r: &Report) {
     }
     if !r.target.is_null() {
         println!("server process: {}", r.target);
+    }
+}
+
+fn print_hol(r: &HolReport) {
+    println!(
+        "\nhead-of-line: long prompt of {} tokens: status {}, time to first token {:.2} s",
+        r.long_prompt_tokens
+            .map_or("?".to_string(), |n| n.to_string()),
+        r.long_status,
+        r.long_ttft.as_secs_f64()
+    );
+    if !r.streams_outlasted_prefill {
+        println!("warning: a stream ended before the prefill did; the gaps cover part of it");
+    }
+    println!(
+        "{:<28} {:>6} {:>9} {:>9} {:>9}",
+        "gaps between stream tokens", "count", "p50 ms", "p99 ms", "max ms"
+    );
+    for (name, g) in [
+        ("before the long prompt", &r.before),
+        ("during its prefill", &r.during),
+    ] {
+        println!(
+            "{:<28} {:>6} {:>9.1} {:>9.1} {:>9.1}",
+            name, g.count, g.p50_ms, g.p99_ms, g.max_ms
+        );
     }
 }
 

@@ -356,6 +356,15 @@ fn metrics_delta(before: &Value, after: &Value) -> Value {
             "cancelled_disconnect",
             "sluice_requests_cancelled_total{reason=\"disconnect\"}",
         ),
+        (
+            "cancelled_stall",
+            "sluice_requests_cancelled_total{reason=\"stall\"}",
+        ),
+        (
+            "cancelled_deadline",
+            "sluice_requests_cancelled_total{reason=\"deadline\"}",
+        ),
+        ("tokens_after_cancel", "sluice_tokens_after_cancel_total"),
         ("failed", "sluice_requests_failed_total"),
         ("tokens_generated", "sluice_tokens_generated_total"),
     ];
