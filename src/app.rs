@@ -72,6 +72,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         step_tokens: cfg.step_tokens,
         itl_target: cfg.itl_target,
         queue_wait: cfg.queue_wait,
+        stall_timeout: cfg.stall_timeout,
         cpus: cfg.cpus.clone(),
         poll: cfg.poll,
         shed: cfg.shed,
@@ -207,6 +208,10 @@ fn serve(cfg: Config) -> Result<(), String> {
         queue: gauge,
         metrics,
         n_ctx,
+        seq_tokens_max: match n_ctx_train {
+            0 => n_ctx,
+            t => n_ctx.min(t),
+        },
         http_threads,
         next_id: AtomicU64::new(1),
         started_unix_s: SystemTime::now()

@@ -162,6 +162,15 @@ pub struct ServeArgs {
     /// longest a request may take end to end, in milliseconds (default: 300000)
     #[argh(option, default = "300_000")]
     pub request_timeout_ms: u64,
+    /// a stream whose client reads nothing for this long is cancelled, in
+    /// milliseconds; also the socket send timeout (default: 30000)
+    #[argh(option, default = "30_000")]
+    pub stall_timeout_ms: u64,
+    /// kernel send buffer per connection in bytes (SO_SNDBUF; Linux doubles
+    /// it), so that a slow reader's stream waits in sluice's bounded buffer,
+    /// not in the kernel (default: 16384)
+    #[argh(option, default = "16_384")]
+    pub send_buffer_bytes: usize,
     /// HTTP handler threads (default: parallel + queue depth + 4)
     #[argh(option)]
     pub http_threads: Option<usize>,
@@ -222,6 +231,8 @@ pub struct Config {
     pub body_bytes_max: usize,
     pub stream_buffer_tokens: usize,
     pub request_timeout_ms: u64,
+    pub stall_timeout: Duration,
+    pub send_buffer_bytes: usize,
     /// `None`: parallel + queue depth + spare, once the depth is known.
     pub http_threads: Option<usize>,
     pub poll: u32,
@@ -317,6 +328,13 @@ impl Config {
             1,
             crate::stream::STREAM_BUFFER_TOKENS_MAX,
         )?;
+        if a.stall_timeout_ms == 0 || a.stall_timeout_ms > 3_600_000 {
+            return Err(format!(
+                "--stall-timeout-ms is {}; it must be 1 to 3600000",
+                a.stall_timeout_ms
+            ));
+        }
+        check_range("--send-buffer-bytes", a.send_buffer_bytes, 2048, 64 << 20)?;
         if a.request_timeout_ms == 0 {
             return Err("--request-timeout-ms must be positive".into());
         }
@@ -355,6 +373,8 @@ impl Config {
             body_bytes_max: a.max_body_bytes,
             stream_buffer_tokens: a.stream_buffer_tokens,
             request_timeout_ms: a.request_timeout_ms,
+            stall_timeout: Duration::from_millis(a.stall_timeout_ms),
+            send_buffer_bytes: a.send_buffer_bytes,
             http_threads: a.http_threads,
             poll: a.poll,
             verbose: a.verbose,

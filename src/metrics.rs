@@ -5,6 +5,7 @@
 //! recorder to record again, so an idle engine would hang the scrape.) All
 //! histograms share the same bounds so that they can be merged.
 
+use crate::stream::CancelReason;
 use hdrhistogram::Histogram;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -30,8 +31,19 @@ pub struct Metrics {
     pub invalid: AtomicU64,
     /// Requests that ended with a complete response.
     pub completed: AtomicU64,
-    /// Requests whose client left before the end; their sequence was cancelled.
-    pub cancelled_disconnect: AtomicU64,
+    /// Admitted requests cancelled before the end, by `CancelReason` (index
+    /// `reason as usize - 1`): their sequence stopped and freed its KV cells.
+    cancelled: [AtomicU64; 4],
+    /// Tokens sampled for a request whose cancel flag was already set: the cost
+    /// of noticing late (at most one per running sequence per step).
+    pub tokens_after_cancel: AtomicU64,
+    /// Prompt tokens prefilled (counted per chunk, cancelled prompts included).
+    pub prefill_tokens: AtomicU64,
+    /// Prompt tokens never prefilled because their request was cancelled.
+    pub prefill_tokens_abandoned: AtomicU64,
+    /// `llama_decode` passes stopped mid-way because every sequence in them
+    /// was cancelled.
+    pub decodes_aborted: AtomicU64,
     /// Requests that ended with an engine error.
     pub failed: AtomicU64,
     /// Requests shed at dequeue because the queue stood above its sojourn target.
@@ -76,7 +88,11 @@ impl Default for Metrics {
             rejected_token_budget: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
             completed: AtomicU64::new(0),
-            cancelled_disconnect: AtomicU64::new(0),
+            cancelled: Default::default(),
+            tokens_after_cancel: AtomicU64::new(0),
+            prefill_tokens: AtomicU64::new(0),
+            prefill_tokens_abandoned: AtomicU64::new(0),
+            decodes_aborted: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             shed_sojourn: AtomicU64::new(0),
             shed_ttft_budget: AtomicU64::new(0),
@@ -113,6 +129,10 @@ fn record(h: &Mutex<Histogram<u64>>, d: Duration) {
 }
 
 impl Metrics {
+    pub fn count_cancel(&self, reason: CancelReason) {
+        self.cancelled[reason as usize - 1].fetch_add(1, Ordering::Relaxed);
+    }
+
     /// The engine loop turned: it is alive.
     pub fn beat(&self) {
         let ms = self.epoch.elapsed().as_millis() as u64;
@@ -213,9 +233,39 @@ impl Metrics {
         let _ = writeln!(
             out,
             "# HELP sluice_requests_cancelled_total Admitted requests cancelled before completion, by reason.\n\
-             # TYPE sluice_requests_cancelled_total counter\n\
-             sluice_requests_cancelled_total{{reason=\"disconnect\"}} {}",
-            l(&self.cancelled_disconnect)
+             # TYPE sluice_requests_cancelled_total counter"
+        );
+        for r in CancelReason::ALL {
+            let _ = writeln!(
+                out,
+                "sluice_requests_cancelled_total{{reason=\"{}\"}} {}",
+                r.as_str(),
+                l(&self.cancelled[r as usize - 1])
+            );
+        }
+        counter(
+            &mut out,
+            "sluice_tokens_after_cancel_total",
+            "Tokens sampled for requests already cancelled (at most one per running sequence per step).",
+            l(&self.tokens_after_cancel),
+        );
+        counter(
+            &mut out,
+            "sluice_prefill_tokens_total",
+            "Prompt tokens prefilled, chunk by chunk (cancelled prompts included).",
+            l(&self.prefill_tokens),
+        );
+        counter(
+            &mut out,
+            "sluice_prefill_tokens_abandoned_total",
+            "Prompt tokens never prefilled because their request was cancelled.",
+            l(&self.prefill_tokens_abandoned),
+        );
+        counter(
+            &mut out,
+            "sluice_decodes_aborted_total",
+            "Engine steps stopped mid-pass because every sequence in them was cancelled.",
+            l(&self.decodes_aborted),
         );
         counter(
             &mut out,

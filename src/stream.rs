@@ -4,8 +4,18 @@
 //! counted in tokens (one `Token` event per generated token). A stream that ends
 //! without `End` or `Error` is visibly incomplete. A failed send tells the engine
 //! the client is gone; a full channel tells it the client is slow.
+//!
+//! Beside the channel, each request has a [`CancelFlag`] the handler sets when it
+//! stops waiting (the client left, the socket stalled, the request's time ran
+//! out): the engine reads it before every step, so a request stops costing
+//! within one step, even while nothing is being sent (a long prefill, a request
+//! still in the queue), and a `llama_decode` whose every sequence is cancelled is
+//! aborted mid-pass.
 
 use crate::engine::ffi::Token;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// Default capacity of a stream's channel, in tokens. Small on purpose: a slow
 /// reader pauses its own sequence instead of making the server buffer its output.
@@ -103,4 +113,129 @@ pub struct TokenLogprob {
     pub logprob: Option<f32>,
     /// Most likely tokens at this position, most likely first.
     pub top: Vec<(Token, String, f32)>,
+}
+
+/// Why a request was cancelled before it ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CancelReason {
+    /// The client closed its connection, or a write to it failed.
+    Disconnect = 1,
+    /// The client read nothing for `--stall-timeout-ms`.
+    Stall = 2,
+    /// The request's time ran out (`--request-timeout-ms`, `X-Request-Timeout`).
+    Deadline = 3,
+    /// The server is shutting down.
+    Shutdown = 4,
+}
+
+impl CancelReason {
+    /// The metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelReason::Disconnect => "disconnect",
+            CancelReason::Stall => "stall",
+            CancelReason::Deadline => "deadline",
+            CancelReason::Shutdown => "shutdown",
+        }
+    }
+
+    pub const ALL: [CancelReason; 4] = [
+        CancelReason::Disconnect,
+        CancelReason::Stall,
+        CancelReason::Deadline,
+        CancelReason::Shutdown,
+    ];
+
+    fn from_u8(v: u8) -> Option<CancelReason> {
+        CancelReason::ALL.into_iter().find(|r| *r as u8 == v)
+    }
+}
+
+/// Set once, by whoever first gives up on the request; read by the engine
+/// before each step (and by the abort callback during one).
+#[derive(Debug, Clone, Default)]
+pub struct CancelFlag(Arc<AtomicU8>);
+
+impl CancelFlag {
+    /// Cancels with `reason`, unless already cancelled (the first reason stays).
+    pub fn cancel(&self, reason: CancelReason) {
+        let _ = self
+            .0
+            .compare_exchange(0, reason as u8, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    pub fn reason(&self) -> Option<CancelReason> {
+        CancelReason::from_u8(self.0.load(Ordering::Acquire))
+    }
+
+    /// The raw flag, for the abort callback (non-zero once cancelled).
+    pub fn raw(&self) -> &Arc<AtomicU8> {
+        &self.0
+    }
+}
+
+/// A sequence's pause: it pauses when its stream's buffer is full (the reader
+/// is slow), resumes when the reader takes an event, and is stalled once it has
+/// been paused for longer than the stall timeout without a break.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pause {
+    since: Option<Instant>,
+}
+
+impl Pause {
+    /// The buffer was full at `now`: the pause starts (or goes on).
+    pub fn full(&mut self, now: Instant) {
+        self.since.get_or_insert(now);
+    }
+
+    /// The reader took what was held: the sequence runs again.
+    pub fn drained(&mut self) {
+        self.since = None;
+    }
+
+    pub fn is_paused(&self) -> bool {
+        self.since.is_some()
+    }
+
+    /// Paused for longer than `timeout` at `now`.
+    pub fn stalled(&self, now: Instant, timeout: Duration) -> bool {
+        self.since
+            .is_some_and(|t| now.saturating_duration_since(t) > timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_cancel_reason_stays() {
+        let f = CancelFlag::default();
+        assert_eq!(f.reason(), None);
+        let g = f.clone();
+        g.cancel(CancelReason::Stall);
+        f.cancel(CancelReason::Disconnect);
+        assert_eq!(f.reason(), Some(CancelReason::Stall));
+        assert_ne!(f.raw().load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn a_pause_stalls_only_when_unbroken_for_the_timeout() {
+        let t0 = Instant::now();
+        let s = |ms| t0 + Duration::from_millis(ms);
+        let timeout = Duration::from_millis(1000);
+        let mut p = Pause::default();
+        assert!(!p.is_paused() && !p.stalled(s(5000), timeout));
+        p.full(s(0));
+        p.full(s(600)); // still full: the pause started at 0
+        assert!(p.is_paused());
+        assert!(!p.stalled(s(1000), timeout));
+        assert!(p.stalled(s(1001), timeout));
+        p.drained(); // the reader took an event: resume, and the clock restarts
+        assert!(!p.is_paused() && !p.stalled(s(1500), timeout));
+        p.full(s(1500));
+        assert!(!p.stalled(s(2400), timeout));
+        assert!(p.stalled(s(2600), timeout));
+    }
 }

@@ -160,7 +160,11 @@ impl CostModel {
     /// Learns from a step of `n_decode` decode tokens and `chunks` that took
     /// `seconds`. Returns each chunk's measured seconds per token, in order.
     pub fn observe(&mut self, n_decode: usize, chunks: &[Chunk], seconds: f64) -> Vec<f64> {
-        if !(seconds > 0.0) || !seconds.is_finite() || n_decode + chunks.len() == 0 {
+        if seconds.is_nan()
+            || seconds <= 0.0
+            || seconds.is_infinite()
+            || n_decode + chunks.len() == 0
+        {
             return Vec::new();
         }
         let alpha = 1.0 - (-seconds / TAU_S).exp();

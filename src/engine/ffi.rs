@@ -97,6 +97,89 @@ pub fn set_tcp_nodelay(listener: &std::net::TcpListener) -> std::io::Result<()> 
     }
 }
 
+/// Sets the send timeout and the send buffer of a listening socket; Linux
+/// copies both to accepted sockets. The timeout makes a write to a peer that
+/// takes nothing fail instead of holding its thread; the small buffer keeps the
+/// kernel from holding much of a slow reader's stream (Linux doubles it).
+pub fn set_send_limits(
+    listener: &std::net::TcpListener,
+    timeout: std::time::Duration,
+    buffer_bytes: usize,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    let bytes = buffer_bytes.min(libc::c_int::MAX as usize) as libc::c_int;
+    let fd = listener.as_raw_fd();
+    let rc = unsafe {
+        let a = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            &tv as *const libc::timeval as *const c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+        );
+        let b = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            &bytes as *const libc::c_int as *const c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        a.min(b)
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// Whether the peer of a connected socket has closed or reset it, without
+/// waiting. For TCP this reads the connection's state (`TCP_INFO`): the peer's
+/// FIN moves it to CLOSE_WAIT, a reset to CLOSE. (`poll` with `POLLRDHUP`
+/// cannot tell a peer's close from tiny_http shutting down its own read side
+/// after a `Connection: close` request.) Other sockets fall back to `poll`.
+pub fn peer_closed(fd: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    // tcp_info starts with the state byte (linux/tcp.h); its states, from
+    // include/net/tcp_states.h, in which the peer has closed or reset:
+    const TCP_TIME_WAIT: u8 = 6;
+    const TCP_CLOSE: u8 = 7;
+    const TCP_CLOSE_WAIT: u8 = 8;
+    const TCP_LAST_ACK: u8 = 9;
+    const TCP_CLOSING: u8 = 11;
+    let mut info = std::mem::MaybeUninit::<libc::tcp_info>::zeroed();
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            info.as_mut_ptr() as *mut c_void,
+            &mut len,
+        )
+    };
+    if rc == 0 && len >= 1 {
+        // SAFETY: the kernel filled at least the first `len` bytes; the rest
+        // stayed zeroed, a valid tcp_info.
+        let state = unsafe { info.assume_init() }.tcpi_state;
+        return matches!(
+            state,
+            TCP_TIME_WAIT | TCP_CLOSE | TCP_CLOSE_WAIT | TCP_LAST_ACK | TCP_CLOSING
+        );
+    }
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
+    let rc = unsafe { libc::poll(&mut p, 1, 0) };
+    rc > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
+}
+
 /// Raises the soft open-files limit to the hard limit; returns the new soft limit.
 pub fn raise_nofile_limit() -> u64 {
     unsafe {
@@ -315,10 +398,9 @@ pub struct Context {
     pool: NonNull<sys::ggml_threadpool>,
     n_batch: usize,
     n_vocab: usize,
-    /// The abort callback reads this flag (through a raw pointer), so it must
-    /// live as long as the context. Setting it from another thread will stop a
-    /// running `decode` (cancellation and shutdown build on it).
-    _abort: Arc<AtomicBool>,
+    /// What the abort callback reads (through a raw pointer), so it must live
+    /// as long as the context.
+    abort: Arc<AbortWatch>,
     // Keeps the weights alive for as long as the context reads them. Declared last
     // so it is dropped after the context (fields drop in order).
     _model: Arc<Model>,
@@ -327,9 +409,32 @@ pub struct Context {
 // SAFETY: llama contexts may move between threads; sluice keeps it on one.
 unsafe impl Send for Context {}
 
+/// What makes a running `decode` stop early: every sequence in its batch
+/// cancelled (their flags are non-zero), or shutdown (not set yet: the
+/// graceful drain is still to come). ggml asks between graph
+/// nodes, many times per pass, so the check is a few atomic loads.
+#[derive(Default)]
+pub struct AbortWatch {
+    shutdown: AtomicBool,
+    watched: std::sync::Mutex<Vec<Arc<AtomicU8>>>,
+}
+
+impl AbortWatch {
+    fn should_abort(&self) -> bool {
+        if self.shutdown.load(Ordering::Relaxed) {
+            return true;
+        }
+        // Only the engine thread locks it, before and after a pass; never wait.
+        match self.watched.try_lock() {
+            Ok(w) => !w.is_empty() && w.iter().all(|f| f.load(Ordering::Relaxed) != 0),
+            Err(_) => false,
+        }
+    }
+}
+
 unsafe extern "C" fn abort_callback(data: *mut c_void) -> bool {
-    let flag = &*(data as *const AtomicBool);
-    flag.load(Ordering::Relaxed)
+    let watch = &*(data as *const AbortWatch);
+    watch.should_abort()
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -383,7 +488,7 @@ impl Context {
                 }
             };
             sys::llama_attach_threadpool(ptr.as_ptr(), pool.as_ptr(), pool.as_ptr());
-            let abort = Arc::new(AtomicBool::new(false));
+            let abort = Arc::new(AbortWatch::default());
             sys::llama_set_abort_callback(
                 ptr.as_ptr(),
                 Some(abort_callback),
@@ -395,7 +500,7 @@ impl Context {
                 pool,
                 n_batch,
                 n_vocab: model.n_vocab(),
-                _abort: abort,
+                abort,
                 _model: model,
             })
         }
@@ -407,6 +512,20 @@ impl Context {
 
     pub fn n_ctx(&self) -> usize {
         unsafe { sys::llama_n_ctx(self.ptr.as_ptr()) as usize }
+    }
+
+    /// Decodes `batch`, aborting the pass as soon as every flag in `watch` is
+    /// set (the sequences it serves were all cancelled). With `Aborted`, the
+    /// batch's new KV entries are removed again (llama.cpp does it).
+    pub fn decode_watching(
+        &mut self,
+        batch: &Batch,
+        watch: &[Arc<AtomicU8>],
+    ) -> Result<(), DecodeError> {
+        *self.abort.watched.lock().expect("abort watch") = watch.to_vec();
+        let result = self.decode(batch);
+        self.abort.watched.lock().expect("abort watch").clear();
+        result
     }
 
     pub fn decode(&mut self, batch: &Batch) -> Result<(), DecodeError> {

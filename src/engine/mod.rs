@@ -22,7 +22,10 @@ pub mod text;
 
 use crate::admission::QueueGauge;
 use crate::metrics::Metrics;
-use crate::stream::{ErrorKind, Event, FinishReason, ShedReason, TokenLogprob, Usage};
+use crate::stream::{
+    CancelFlag, CancelReason, ErrorKind, Event, FinishReason, Pause, ShedReason, TokenLogprob,
+    Usage,
+};
 use codel::{Codel, Verdict};
 use cost::{Chunk, CostModel};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
@@ -67,6 +70,8 @@ pub struct Job {
     /// ceiling): past it, the job is dropped before it costs a single FLOP.
     pub deadline: Option<Instant>,
     pub events: Sender<Event>,
+    /// Set by the handler when it stops waiting for this job.
+    pub cancel: CancelFlag,
 }
 
 impl Job {
@@ -93,6 +98,9 @@ pub struct EngineConfig {
     pub poll: u32,
     /// CoDel's sojourn target and interval; `None` sheds nothing (`--no-shed`).
     pub shed: Option<(Duration, Duration)>,
+    /// A sequence paused this long without a break (its reader takes nothing)
+    /// is cancelled.
+    pub stall_timeout: Duration,
 }
 
 /// One admitted request, bound to a slot (= llama.cpp sequence id).
@@ -112,6 +120,8 @@ struct Seq {
     completion_tokens: usize,
     prompt_logprobs: Vec<TokenLogprob>,
     outbox: VecDeque<Event>,
+    /// Since when the outbox has waited for room in the stream.
+    pause: Pause,
     /// Generation ended; the slot is held only until the outbox is delivered.
     done: bool,
 }
@@ -179,6 +189,7 @@ pub fn run(
     };
     loop {
         engine.metrics.beat();
+        engine.reap(&mut ctx);
         engine.deliver_outboxes(&mut ctx);
         let closed = engine.admit(&jobs);
         let views = engine.views();
@@ -278,7 +289,21 @@ impl Engine {
             .count()
     }
 
-    /// Forecast of the time from now to a new job's first token, if it started now.
+    /// Prompt tokens the planner would prefill before a new prompt of
+    /// `prompt_tokens` (shortest remaining first): those of the prompts being
+    /// prefilled that are no longer than it.
+    fn prefill_ahead(&self, prompt_tokens: usize) -> usize {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| !s.done)
+            .map(|s| s.job.prompt.len().saturating_sub(s.n_past))
+            .filter(|&r| r > 0 && r <= prompt_tokens)
+            .sum()
+    }
+
+    /// Forecast of the time from now to a new job's first token, if it started
+    /// now and `prompt_tokens` (its own, and those ahead of it) were prefilled.
     fn prefill_forecast(&self, prompt_tokens: usize) -> Duration {
         let n_decode = self.n_decoding();
         let budget = match self.cfg.step_tokens {
@@ -320,6 +345,12 @@ impl Engine {
                 self.refuse(job, Dropped::Deadline, message);
                 continue;
             }
+            // Its client left while it waited: it never runs either.
+            if let Some(reason) = job.cancel.reason() {
+                self.queue.dropped(job.prompt.len());
+                self.metrics.count_cancel(reason);
+                continue;
+            }
             let cells = job.kv_cells();
             if self.kv_cells_reserved + cells > self.cfg.n_ctx {
                 self.waiting = Some(job);
@@ -335,12 +366,25 @@ impl Engine {
                 self.refuse(job, Dropped::Shed(ShedReason::Sojourn), message);
                 continue;
             }
-            // Past the sojourn target, a job starts only if its first token can
-            // still come within W_max: otherwise it would only be late, and hold
-            // a slot that a job with time left could use.
+            // A job starts only if its first token can still come within W_max:
+            // otherwise it would only be late, and hold a slot that a job with
+            // time left could use. A prompt whose own prefill takes longer than
+            // the sojourn target is judged on its own prefill, and only once it
+            // has waited past the target: its first token is late by its size,
+            // not by the queue.
             if let Some((target, _)) = self.cfg.shed {
-                let forecast = self.prefill_forecast(job.prompt.len());
-                if sojourn >= target && sojourn + forecast > self.cfg.queue_wait {
+                let p = job.prompt.len();
+                let own = self.prefill_forecast(p);
+                let (late, forecast) = if own <= target {
+                    let forecast = self.prefill_forecast(p + self.prefill_ahead(p));
+                    (sojourn + forecast > self.cfg.queue_wait, forecast)
+                } else {
+                    (
+                        sojourn >= target && sojourn + own > self.cfg.queue_wait,
+                        own,
+                    )
+                };
+                if late {
                     let message = format!(
                         "shed: it waited {} ms, and its {} prompt tokens need about {} ms more before a first token: past the {} ms budget",
                         sojourn.as_millis(),
@@ -367,6 +411,7 @@ impl Engine {
                 completion_tokens: 0,
                 prompt_logprobs: Vec::new(),
                 outbox: VecDeque::new(),
+                pause: Pause::default(),
                 done: false,
                 job,
             };
@@ -460,7 +505,24 @@ impl Engine {
             }
         }
 
-        if let Err(e) = ctx.decode(&self.batch) {
+        // A pass whose every sequence is cancelled meanwhile stops mid-way.
+        let watch: Vec<_> = placed
+            .iter()
+            .filter_map(|&(slot, _, _)| self.slots[slot].as_ref())
+            .map(|s| Arc::clone(s.job.cancel.raw()))
+            .collect();
+        if let Err(e) = ctx.decode_watching(&self.batch, &watch) {
+            if e == ffi::DecodeError::Aborted {
+                self.metrics.decodes_aborted.fetch_add(1, Ordering::Relaxed);
+                for &(slot, _, _) in &placed {
+                    let reason = self.slots[slot]
+                        .as_ref()
+                        .and_then(|s| s.job.cancel.reason())
+                        .unwrap_or(CancelReason::Shutdown);
+                    self.cancel(ctx, slot, reason);
+                }
+                return;
+            }
             eprintln!(
                 "sluice: decode of a {}-token step failed: {e:?}",
                 self.batch.len()
@@ -477,6 +539,9 @@ impl Engine {
         let took = started.elapsed();
         let n_decode = plan.n_decode();
         self.metrics.record_step(self.batch.len(), n_decode, took);
+        self.metrics
+            .prefill_tokens
+            .fetch_add((self.batch.len() - n_decode) as u64, Ordering::Relaxed);
         let prefills: Vec<(usize, Chunk)> = placed
             .iter()
             .filter(|&&(slot, _, n)| {
@@ -583,6 +648,11 @@ impl Engine {
         self.metrics
             .tokens_generated
             .fetch_add(1, Ordering::Relaxed);
+        if seq.job.cancel.reason().is_some() {
+            self.metrics
+                .tokens_after_cancel
+                .fetch_add(1, Ordering::Relaxed);
+        }
 
         let eog = model.is_eog(token) && !seq.job.gen.ignore_eos;
         let fed = if eog {
@@ -684,6 +754,7 @@ impl Engine {
                 Ok(()) => {}
                 Err(TrySendError::Full(event)) => {
                     seq.outbox.push_front(event);
+                    seq.pause.full(Instant::now());
                     return;
                 }
                 Err(TrySendError::Disconnected(_)) => {
@@ -692,17 +763,52 @@ impl Engine {
                 }
             }
         }
-        let done = seq.done;
-        if gone && !done {
-            self.release_kv(ctx, slot);
-            self.metrics
-                .cancelled_disconnect
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        if gone || done {
+        seq.pause.drained();
+        if gone {
+            // The handler stopped listening; it says why, or the client left.
+            seq.job.cancel.cancel(CancelReason::Disconnect);
+            let reason = seq.job.cancel.reason().unwrap_or(CancelReason::Disconnect);
+            self.cancel(ctx, slot, reason);
+        } else if seq.done {
             self.slots[slot] = None;
             self.queue.finished();
         }
+    }
+
+    /// Cancels what the handlers gave up on, and what stalled: before each step,
+    /// so a cancelled sequence never takes another one.
+    fn reap(&mut self, ctx: &mut Context) {
+        let now = Instant::now();
+        for slot in 0..self.slots.len() {
+            let Some(seq) = self.slots[slot].as_ref() else {
+                continue;
+            };
+            if seq.pause.stalled(now, self.cfg.stall_timeout) {
+                seq.job.cancel.cancel(CancelReason::Stall);
+            }
+            if let Some(reason) = seq.job.cancel.reason() {
+                self.cancel(ctx, slot, reason);
+            }
+        }
+    }
+
+    /// Ends a sequence before its time: frees its KV cells and its slot, and
+    /// counts why. A sequence already done (its answer complete, only not
+    /// delivered) was counted as completed and just leaves.
+    fn cancel(&mut self, ctx: &mut Context, slot: usize, reason: CancelReason) {
+        let Some(seq) = self.slots[slot].as_ref() else {
+            return;
+        };
+        if !seq.done {
+            let unprefilled = seq.job.prompt.len().saturating_sub(seq.n_past);
+            self.metrics
+                .prefill_tokens_abandoned
+                .fetch_add(unprefilled as u64, Ordering::Relaxed);
+            self.release_kv(ctx, slot);
+            self.metrics.count_cancel(reason);
+        }
+        self.slots[slot] = None;
+        self.queue.finished();
     }
 
     fn deliver_outboxes(&mut self, ctx: &mut Context) {
@@ -722,7 +828,7 @@ impl Engine {
             .slots
             .iter()
             .flatten()
-            .filter(|s| s.phase() == Some(Phase::Paused))
+            .filter(|s| s.pause.is_paused())
             .count();
         let used: usize = self.slots.iter().flatten().map(|s| s.n_past).sum();
         self.metrics

@@ -70,6 +70,14 @@ pub enum ApiError {
     Timeout {
         limit_ms: u64,
     },
+    /// The client read nothing of its stream for the stall timeout; the
+    /// request was cancelled.
+    Stalled {
+        limit_ms: u64,
+    },
+    /// The client closed its connection before the answer; nobody reads this
+    /// error (it names the outcome in the log).
+    ClientGone,
 }
 
 impl ApiError {
@@ -91,7 +99,9 @@ impl ApiError {
             ApiError::Engine { .. } => 500,
             ApiError::Shed { .. } => 503,
             ApiError::DeadlineExceeded { .. } => 504,
-            ApiError::Timeout { .. } => 504,
+            ApiError::Timeout { .. } | ApiError::Stalled { .. } => 504,
+            // nginx's "client closed request": never sent, only logged.
+            ApiError::ClientGone => 499,
         }
     }
 
@@ -116,6 +126,8 @@ impl ApiError {
             ApiError::Shed { reason, .. } => reason.as_str(),
             ApiError::DeadlineExceeded { .. } => "deadline_exceeded",
             ApiError::Timeout { .. } => "request_timeout",
+            ApiError::Stalled { .. } => "stream_stalled",
+            ApiError::ClientGone => "client_gone",
         }
     }
 
@@ -124,6 +136,8 @@ impl ApiError {
             ApiError::QueueFull { .. } | ApiError::Shed { .. } => "overloaded_error",
             ApiError::Engine { .. }
             | ApiError::Timeout { .. }
+            | ApiError::Stalled { .. }
+            | ApiError::ClientGone
             | ApiError::DeadlineExceeded { .. } => "server_error",
             _ => "invalid_request_error",
         }
@@ -172,6 +186,10 @@ impl ApiError {
             ApiError::Timeout { limit_ms } => {
                 format!("request took longer than the server's limit of {limit_ms} ms")
             }
+            ApiError::Stalled { limit_ms } => format!(
+                "the client read nothing of this stream for {limit_ms} ms (the stall timeout); generation was cancelled"
+            ),
+            ApiError::ClientGone => "the client closed the connection".into(),
         }
     }
 

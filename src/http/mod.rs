@@ -21,7 +21,7 @@ use crate::engine::ffi::{self, SamplingParams};
 use crate::engine::{GenParams, Job};
 use crate::metrics::Metrics;
 use crate::prompt::Prompter;
-use crate::stream::{ErrorKind, Event, TokenLogprob, Usage};
+use crate::stream::{CancelFlag, CancelReason, ErrorKind, Event, TokenLogprob, Usage};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 use error::ApiError;
 use serde_json::{json, Value};
@@ -37,6 +37,9 @@ use validation::{Api, Input, ValidRequest};
 /// The engine loop turns at least every 100 ms when idle and once per step when
 /// busy; a step is at most `--step-tokens` tokens. Silence this long means wedged.
 const LIVENESS_STALE: Duration = Duration::from_secs(120);
+/// How often a handler waiting for the engine checks that its client is still
+/// there: well under one engine step on a CPU.
+const PEER_PROBE_INTERVAL: Duration = Duration::from_millis(20);
 
 /// Everything a handler thread needs.
 pub struct AppState {
@@ -49,6 +52,9 @@ pub struct AppState {
     pub http_threads: usize,
     /// KV cells in the context: no request may need more.
     pub n_ctx: usize,
+    /// Most tokens one request may span (prompt + max_tokens): the KV cells,
+    /// and no more than the model was trained for.
+    pub seq_tokens_max: usize,
     pub next_id: AtomicU64,
     pub started_unix_s: u64,
 }
@@ -58,6 +64,12 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Vec<JoinHand
     // Accepted sockets inherit TCP_NODELAY from the listener; without it Nagle's
     // algorithm and delayed ACKs add tens of milliseconds to every token.
     ffi::set_tcp_nodelay(&listener).map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
+    ffi::set_send_limits(
+        &listener,
+        state.cfg.stall_timeout,
+        state.cfg.send_buffer_bytes,
+    )
+    .map_err(|e| format!("cannot set SO_SNDTIMEO and SO_SNDBUF: {e}"))?;
     // tiny_http's threads (accept loop, connection pool) inherit the name of the
     // thread that creates them.
     ffi::set_current_thread_name("sluice-conn");
@@ -127,7 +139,7 @@ fn handle(state: &AppState, req: Request) {
                     "object": "model",
                     "created": state.started_unix_s,
                     "owned_by": "sluice",
-                    "context_length": state.n_ctx,
+                    "context_length": state.seq_tokens_max,
                 }],
             });
             respond_json(req, 200, &body, None);
@@ -262,6 +274,9 @@ struct Outcome {
 fn generate(state: &AppState, mut req: Request, api: Api) {
     let t0 = Instant::now();
     let path = req.url().to_string();
+    // The connection's socket, held for probing while this request waits: a
+    // client that leaves is seen even when nothing is being written to it.
+    let probe = req.take_peer_socket();
     let prepared = caller_timeout_ms(&req, state.cfg.request_timeout_ms).and_then(|timeout_ms| {
         let (valid, prompt) = prepare(state, &mut req, api)?;
         let (gen, prompt) = gen_params(state, &valid, prompt)?;
@@ -279,6 +294,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     let prompt_tokens = prompt.len();
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
+    let cancel = CancelFlag::default();
     let job = Job {
         id,
         prompt,
@@ -286,6 +302,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         enqueued_at: t0,
         deadline: Some(t0 + Duration::from_millis(timeout_ms)),
         events: tx,
+        cancel: cancel.clone(),
     };
     let prompt_ids_for_echo = match (&valid.input, valid.echo) {
         (Input::Tokens(ids), true) => Some(ids.clone()),
@@ -318,7 +335,17 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     } else {
         whole_reply
     };
-    let mut outcome = reply(req, &meta, &valid, echo_text, &rx, t0, timeout_ms);
+    let waiter = Waiter {
+        rx,
+        t0,
+        deadline: t0 + Duration::from_millis(timeout_ms),
+        timeout_ms,
+        stall_timeout_ms: state.cfg.stall_timeout.as_millis() as u64,
+        probe,
+        probed_at: std::cell::Cell::new(t0),
+        cancel,
+    };
+    let mut outcome = reply(req, &meta, &valid, echo_text, &waiter);
     if outcome.usage.prompt_tokens == 0 {
         outcome.usage.prompt_tokens = prompt_tokens;
     }
@@ -399,7 +426,7 @@ fn gen_params(
     v: &ValidRequest,
     prompt: Vec<ffi::Token>,
 ) -> Result<(GenParams, Vec<ffi::Token>), ApiError> {
-    let n_ctx = state.n_ctx;
+    let n_ctx = state.seq_tokens_max;
     let p = prompt.len();
     let scoring_only = v.echo && v.max_tokens == Some(0);
     let room = n_ctx.saturating_sub(p);
@@ -481,29 +508,89 @@ fn log_request(path: &str, t0: Instant, o: &Outcome) {
     );
 }
 
-/// Waits for the next event until the request's deadline. Every way of not
-/// getting one (timeout, a stopped engine, an engine refusal) is an `ApiError`.
-fn next_event(rx: &Receiver<Event>, deadline: Instant, timeout_ms: u64) -> Result<Event, ApiError> {
-    match rx.recv_deadline(deadline) {
-        Ok(Event::Error { kind, message }) => Err(match kind {
-            ErrorKind::Engine => ApiError::Engine { message },
-            ErrorKind::Shed {
-                reason,
-                retry_after_s,
-            } => ApiError::Shed {
-                reason,
-                message,
-                retry_after_s,
-            },
-            ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
-        }),
-        Ok(event) => Ok(event),
-        Err(RecvTimeoutError::Timeout) => Err(ApiError::Timeout {
-            limit_ms: timeout_ms,
-        }),
-        Err(RecvTimeoutError::Disconnected) => Err(ApiError::Engine {
-            message: "the engine stopped before the request ended".into(),
-        }),
+/// A handler's side of one request in the engine: its events, its deadline,
+/// its client's socket, and the flag that tells the engine it gave up.
+struct Waiter {
+    rx: Receiver<Event>,
+    t0: Instant,
+    deadline: Instant,
+    timeout_ms: u64,
+    stall_timeout_ms: u64,
+    probe: Option<std::os::fd::OwnedFd>,
+    /// When the client's socket was last probed.
+    probed_at: std::cell::Cell<Instant>,
+    cancel: CancelFlag,
+}
+
+impl Waiter {
+    /// Whether the client closed its connection: probed at most every
+    /// `PEER_PROBE_INTERVAL`, whether or not events keep coming.
+    fn client_gone(&self) -> bool {
+        let now = Instant::now();
+        if now.duration_since(self.probed_at.get()) < PEER_PROBE_INTERVAL {
+            return false;
+        }
+        self.probed_at.set(now);
+        self.probe.as_ref().is_some_and(ffi::peer_closed)
+    }
+
+    /// Waits for the next event until the request's deadline, checking that the
+    /// client is still there. Every way of not getting one (timeout, the client
+    /// gone, a stall, a stopped engine, an engine refusal) is an `ApiError`;
+    /// giving up sets the cancel flag first, so the engine stops at its next step.
+    fn next(&self) -> Result<Event, ApiError> {
+        loop {
+            let now = Instant::now();
+            if now >= self.deadline {
+                self.cancel.cancel(CancelReason::Deadline);
+                return Err(ApiError::Timeout {
+                    limit_ms: self.timeout_ms,
+                });
+            }
+            if self.client_gone() {
+                self.cancel.cancel(CancelReason::Disconnect);
+                return Err(ApiError::ClientGone);
+            }
+            let wait = PEER_PROBE_INTERVAL.min(self.deadline - now);
+            match self.rx.recv_timeout(wait) {
+                Ok(Event::Error { kind, message }) => {
+                    return Err(match kind {
+                        ErrorKind::Engine => ApiError::Engine { message },
+                        ErrorKind::Shed {
+                            reason,
+                            retry_after_s,
+                        } => ApiError::Shed {
+                            reason,
+                            message,
+                            retry_after_s,
+                        },
+                        ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
+                    })
+                }
+                Ok(event) => return Ok(event),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(match self.cancel.reason() {
+                        Some(CancelReason::Stall) => ApiError::Stalled {
+                            limit_ms: self.stall_timeout_ms,
+                        },
+                        _ => ApiError::Engine {
+                            message: "the engine stopped before the request ended".into(),
+                        },
+                    })
+                }
+            }
+        }
+    }
+
+    /// A write to the client failed: it left, or (the send timeout) it took
+    /// nothing for the stall timeout.
+    fn write_failed(&self, e: &std::io::Error) {
+        let reason = match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => CancelReason::Stall,
+            _ => CancelReason::Disconnect,
+        };
+        self.cancel.cancel(reason);
     }
 }
 
@@ -512,14 +599,12 @@ fn stream_reply(
     meta: &openai::Meta,
     v: &ValidRequest,
     echo_text: Option<String>,
-    rx: &Receiver<Event>,
-    t0: Instant,
-    timeout_ms: u64,
+    w: &Waiter,
 ) -> Outcome {
-    let deadline = t0 + Duration::from_millis(timeout_ms);
+    let t0 = w.t0;
     // The head goes out with the first event, so that a request refused before
     // it ran (shed, or its deadline passed) still gets its own status code.
-    let first = match next_event(rx, deadline, timeout_ms) {
+    let first = match w.next() {
         Ok(e) => e,
         Err(e) => {
             respond_error(req, &e);
@@ -532,12 +617,22 @@ fn stream_reply(
         first_token: None,
         note: "",
     };
-    let Ok(mut out) = sse::SseWriter::start(req.into_writer()) else {
-        outcome.note = "client_gone";
-        return outcome;
+    let mut out = match sse::SseWriter::start(req.into_writer()) {
+        Ok(out) => out,
+        Err(e) => {
+            w.write_failed(&e);
+            outcome.note = "client_gone";
+            return outcome;
+        }
     };
     let mut offset = 0;
-    let write = |out: &mut sse::SseWriter, value: Value| out.event(&value.to_string()).is_ok();
+    let write = |out: &mut sse::SseWriter, value: Value| match out.event(&value.to_string()) {
+        Ok(()) => true,
+        Err(e) => {
+            w.write_failed(&e);
+            false
+        }
+    };
     if meta.api == Api::Chat && !write(&mut out, meta.role_chunk()) {
         outcome.note = "client_gone";
         return outcome;
@@ -545,10 +640,7 @@ fn stream_reply(
     let mut pending_echo = echo_text;
     let mut pending_event = Some(first);
     loop {
-        let event = match pending_event
-            .take()
-            .map_or_else(|| next_event(rx, deadline, timeout_ms), Ok)
-        {
+        let event = match pending_event.take().map_or_else(|| w.next(), Ok) {
             Ok(e) => e,
             Err(e) => {
                 let _ = write(&mut out, e.to_json());
@@ -590,7 +682,15 @@ fn stream_reply(
                 if ok && v.include_usage {
                     ok = write(&mut out, meta.usage_chunk(usage));
                 }
-                if !ok || out.done().is_err() {
+                let ok = ok
+                    && match out.done() {
+                        Ok(()) => true,
+                        Err(e) => {
+                            w.write_failed(&e);
+                            false
+                        }
+                    };
+                if !ok {
                     outcome.note = "client_gone";
                 }
                 return outcome;
@@ -599,8 +699,11 @@ fn stream_reply(
             Event::Error { .. } => false,
         };
         if !ok {
-            // Dropping the receiver tells the engine at its next send.
-            outcome.note = "client_gone";
+            // The cancel flag is set: the engine stops at its next step.
+            outcome.note = match w.cancel.reason() {
+                Some(CancelReason::Stall) => "stream_stalled",
+                _ => "client_gone",
+            };
             return outcome;
         }
     }
@@ -611,16 +714,14 @@ fn whole_reply(
     meta: &openai::Meta,
     v: &ValidRequest,
     echo_text: Option<String>,
-    rx: &Receiver<Event>,
-    t0: Instant,
-    timeout_ms: u64,
+    w: &Waiter,
 ) -> Outcome {
-    let deadline = t0 + Duration::from_millis(timeout_ms);
+    let t0 = w.t0;
     let mut text = echo_text.unwrap_or_default();
     let mut logprobs: Vec<TokenLogprob> = Vec::new();
     let mut first_token = None;
     loop {
-        let event = match next_event(rx, deadline, timeout_ms) {
+        let event = match w.next() {
             Ok(e) => e,
             Err(e) => {
                 respond_error(req, &e);

@@ -315,3 +315,52 @@ fn a_short_stream_keeps_receiving_tokens_while_a_long_prompt_is_prefilled() {
     // And the long prompt was prefilled in chunks mixed with the short stream's decoding.
     assert!(srv.metric("sluice_steps_mixed_total") >= (n_short - 1) as f64);
 }
+
+#[test]
+fn a_prompt_alone_takes_whole_chunks_and_beside_a_stream_only_what_the_itl_target_allows() {
+    // A 20 ms target: no CPU prefills 500 tokens in 16 ms, so beside a running
+    // stream the derived budget must be far below the 512-token ceiling.
+    let srv = Server::start(&["--itl-target-ms", "20", "--parallel", "2"]);
+    let long = json!({"prompt": long_prompt(60), "max_tokens": 1, "temperature": 0});
+
+    // Alone: nothing decodes, so prefill takes the largest chunks.
+    let steps = srv.metric("sluice_steps_total");
+    let r = srv.post("/v1/completions", &long);
+    assert_eq!(r.status, 200);
+    let prompt_tokens = r.body_json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens > 1024, "prompt has {prompt_tokens} tokens");
+    let whole_chunks = prompt_tokens.div_ceil(512) as f64;
+    assert_eq!(srv.metric("sluice_steps_total") - steps, whole_chunks);
+
+    // Beside a decoding stream: every step gives the stream its token, and the
+    // prompt gets only what fits the target, so it needs many more steps.
+    let body = json!({"prompt": "Once upon a time", "stream": true, "max_tokens": 4000,
+                      "ignore_eos": true, "temperature": 0});
+    let mut stream = Sse::open(srv.addr, "/v1/completions", &body);
+    assert_eq!(stream.status, 200);
+    assert!(stream.next_json().is_some());
+    let mixed = srv.metric("sluice_steps_mixed_total");
+    let addr = srv.addr;
+    let sender = std::thread::spawn(move || {
+        request(
+            addr,
+            "POST",
+            "/v1/completions",
+            Some(long.to_string().as_bytes()),
+            &[("Content-Type", "application/json")],
+        )
+    });
+    let mut budget_min = f64::MAX;
+    while !sender.is_finished() {
+        // Keep reading, so the stream never pauses; watch the planned budget.
+        assert!(stream.next_json().is_some(), "the stream ended early");
+        budget_min = budget_min.min(srv.metric("sluice_step_budget_tokens"));
+    }
+    assert_eq!(sender.join().expect("client").status, 200);
+    let mixed = srv.metric("sluice_steps_mixed_total") - mixed;
+    assert!(
+        mixed > 2.0 * whole_chunks,
+        "{mixed} mixed steps for a prompt that takes {whole_chunks} whole chunks"
+    );
+    assert!(budget_min < 512.0, "the step budget stayed at {budget_min}");
+}

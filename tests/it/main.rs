@@ -7,6 +7,7 @@ mod admission;
 mod api;
 mod batching;
 mod bench;
+mod flow;
 mod harness;
 mod startup;
 mod threads;

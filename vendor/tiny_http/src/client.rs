@@ -18,6 +18,10 @@ pub struct ClientConnection {
     // address of the client
     remote_addr: IoResult<Option<SocketAddr>>,
 
+    // sluice patch: the socket, duplicated for each request
+    #[cfg(unix)]
+    probe_socket: Option<std::os::fd::OwnedFd>,
+
     // sequence of Readers to the stream, so that the data is not read in
     //  the wrong order
     source: SequentialReaderBuilder<BufReader<RefinedTcpStream>>,
@@ -54,6 +58,8 @@ impl ClientConnection {
     ) -> ClientConnection {
         let remote_addr = read_socket.peer_addr();
         let secure = read_socket.secure();
+        #[cfg(unix)]
+        let probe_socket = read_socket.dup_fd();
 
         let mut source = SequentialReaderBuilder::new(BufReader::with_capacity(1024, read_socket));
         let first_header = source.next().unwrap();
@@ -62,6 +68,8 @@ impl ClientConnection {
             source,
             sink: SequentialWriterBuilder::new(BufWriter::with_capacity(1024, write_socket)),
             remote_addr,
+            #[cfg(unix)]
+            probe_socket,
             next_header_source: first_header,
             no_more_requests: false,
             secure,
@@ -163,6 +171,17 @@ impl ClientConnection {
                 }
             }
         })?;
+
+        #[cfg(unix)]
+        let request = {
+            let mut request = request;
+            request.set_peer_socket(
+                self.probe_socket
+                    .as_ref()
+                    .and_then(|fd| fd.try_clone().ok()),
+            );
+            request
+        };
 
         // return the request
         Ok(request)

@@ -78,6 +78,16 @@ impl std::io::Write for Connection {
     }
 }
 impl Connection {
+    /// sluice patch: a duplicate of the socket's file descriptor, so that a
+    /// server can see a client leave while it has nothing to write.
+    #[cfg(unix)]
+    pub(crate) fn dup_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        match self {
+            Self::Tcp(s) => s.try_clone().ok().map(Into::into),
+            Self::Unix(s) => s.try_clone().ok().map(Into::into),
+        }
+    }
+
     /// Gets the peer's address. Some for TCP, None for Unix sockets.
     pub(crate) fn peer_addr(&mut self) -> std::io::Result<Option<SocketAddr>> {
         match self {

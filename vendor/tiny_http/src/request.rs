@@ -56,6 +56,10 @@ pub struct Request {
 
     remote_addr: Option<SocketAddr>,
 
+    // sluice patch: a duplicate of the connection's socket
+    #[cfg(unix)]
+    peer_socket: Option<std::os::fd::OwnedFd>,
+
     // true if HTTPS, false if HTTP
     secure: bool,
 
@@ -230,6 +234,8 @@ where
         data_reader: Some(reader),
         response_writer: Some(Box::new(writer) as Box<dyn Write + Send + 'static>),
         remote_addr,
+        #[cfg(unix)]
+        peer_socket: None,
         secure,
         method,
         path,
@@ -291,6 +297,20 @@ impl Request {
     #[inline]
     pub fn remote_addr(&self) -> Option<&SocketAddr> {
         self.remote_addr.as_ref()
+    }
+
+    /// sluice patch: a duplicate of the connection's socket (plain TCP or Unix
+    /// socket; `None` over TLS), taken when the request was read, so it stays
+    /// valid whatever the connection does meanwhile. For probing whether the
+    /// client is still there; do not read or write through it.
+    #[cfg(unix)]
+    pub fn take_peer_socket(&mut self) -> Option<std::os::fd::OwnedFd> {
+        self.peer_socket.take()
+    }
+
+    #[cfg(unix)]
+    pub(crate) fn set_peer_socket(&mut self, socket: Option<std::os::fd::OwnedFd>) {
+        self.peer_socket = socket;
     }
 
     /// Sends a response with a `Connection: upgrade` header, then turns the `Request` into a `Stream`.

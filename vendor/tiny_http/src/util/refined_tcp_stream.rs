@@ -118,6 +118,16 @@ impl RefinedTcpStream {
         self.stream.secure()
     }
 
+    /// sluice patch: a duplicate of the socket's file descriptor (plain HTTP only).
+    #[cfg(unix)]
+    pub(crate) fn dup_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        match &self.stream {
+            Stream::Http(c) => c.dup_fd(),
+            #[cfg(any(feature = "ssl-openssl", feature = "ssl-rustls"))]
+            Stream::Https(_) => None,
+        }
+    }
+
     pub(crate) fn peer_addr(&mut self) -> IoResult<Option<SocketAddr>> {
         self.stream.peer_addr()
     }
