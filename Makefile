@@ -9,12 +9,12 @@
 CARGO ?= cargo
 ARGS ?=
 
-.PHONY: serve test unit integration lint deps model build
+.PHONY: serve test unit integration service-unit lint deps model build
 
 serve: deps model build
 	./target/release/sluice serve $(ARGS)
 
-test: deps model unit integration
+test: deps model unit integration service-unit
 
 deps:
 	./deploy/install-deps
@@ -33,6 +33,10 @@ unit: deps
 # each test's server uses every core. `build` provides the sluice-bench binary.
 integration: deps model build
 	$(CARGO) test --release --test it -- --test-threads=1
+
+# deploy/sluice.service passes `systemd-analyze verify`.
+service-unit: build
+	./deploy/verify-unit
 
 lint: deps
 	$(CARGO) fmt --all -- --check

@@ -8,18 +8,34 @@ use crate::engine::ffi::{self, Context, ContextParams, Model};
 use crate::engine::{self, EngineConfig, Job};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
+use crate::notify::Notifier;
 use crate::prompt::{Prompter, Template};
+use argh::FromArgs;
 use crossbeam_channel::{bounded, Receiver};
 use std::net::TcpListener;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// KV cells when neither `--ctx` nor the model says otherwise.
 const CTX_TOKENS_DEFAULT_MAX: usize = 8192;
 
 pub fn run() -> Result<(), String> {
-    let cli: Cli = argh::from_env();
+    let args = crate::config::args_with_env(std::env::args().collect(), |k| std::env::var(k).ok())?;
+    let strs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let cli = match Cli::from_args(&strs[..1], &strs[1..]) {
+        Ok(cli) => cli,
+        Err(early) => {
+            return match early.status {
+                Ok(()) => {
+                    println!("{}", early.output);
+                    Ok(())
+                }
+                Err(()) => Err(format!("{}Run 'sluice --help' for more.", early.output)),
+            };
+        }
+    };
     if cli.version {
         print_version();
         return Ok(());
@@ -47,6 +63,9 @@ const CALIBRATION_STEPS: usize = 16;
 
 fn serve(cfg: Config) -> Result<(), String> {
     ffi::set_current_thread_name("sluice-main");
+    // Before any other thread starts, so that all of them inherit the disposition.
+    let signals = ffi::catch_stop_signals();
+    let notifier = Notifier::from_env();
     ffi::backend_init(cfg.verbose);
     ffi::raise_nofile_limit();
     let model = Arc::new(engine::load_model(&cfg.model)?);
@@ -61,7 +80,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     // The engine thread creates the context: ggml pins the creating thread as its
     // worker 0, and the workers it starts inherit the name the thread has then.
     // It calibrates, reports, and waits for its queue, which is sized from that.
-    type Ready = Result<(usize, Option<Calibration>), String>;
+    type Ready = Result<(usize, Option<Calibration>, Arc<ffi::AbortWatch>), String>;
     let (ready_tx, ready_rx) = bounded::<Ready>(1);
     type Wiring = (Receiver<Job>, Arc<QueueGauge>, CostModel);
     let (queue_tx, queue_rx) = bounded::<Wiring>(1);
@@ -112,14 +131,14 @@ fn serve(cfg: Config) -> Result<(), String> {
                 } else {
                     None
                 };
-                let _ = ready_tx.send(Ok((ctx.n_ctx(), calibration)));
+                let _ = ready_tx.send(Ok((ctx.n_ctx(), calibration, ctx.abort_handle())));
                 if let Ok((jobs, gauge, cost)) = queue_rx.recv() {
                     engine::run(model, ctx, engine_cfg, cost, jobs, metrics, gauge);
                 }
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?
     };
-    let (n_ctx, calibration) = ready_rx
+    let (n_ctx, calibration, engine_stop) = ready_rx
         .recv()
         .map_err(|_| "the engine thread died while starting".to_string())??;
 
@@ -202,7 +221,14 @@ fn serve(cfg: Config) -> Result<(), String> {
         cfg.parallel,
         http_threads
     );
+    let status = format!(
+        "STATUS=serving {} on {local}; L_max {}, queued prompt tokens <= {}",
+        cfg.model_name, bounds.queue_depth_max, bounds.queued_tokens_max
+    );
+    let drain_timeout = cfg.drain_timeout;
     let state = Arc::new(AppState {
+        draining: AtomicBool::new(false),
+        in_flight: AtomicUsize::new(0),
         prompter,
         admission,
         queue: gauge,
@@ -220,13 +246,61 @@ fn serve(cfg: Config) -> Result<(), String> {
             .unwrap_or(0),
         cfg,
     });
-    let _handlers = http::start(state, listener)?;
+    let _handlers = http::start(Arc::clone(&state), listener)?;
     eprintln!("sluice: listening on http://{local}");
+    notifier.notify(&format!("READY=1\n{status}"));
 
-    engine_thread
-        .join()
-        .map_err(|_| "the engine thread panicked".to_string())?;
-    Err("the engine stopped".into())
+    // Until a stop signal: watch the engine, and pet systemd's watchdog only
+    // while the engine loop turns (a busy engine turns; a wedged one does not).
+    let mut petted = Instant::now();
+    while signals.load(Ordering::SeqCst) == 0 {
+        std::thread::sleep(MAIN_TICK);
+        if engine_thread.is_finished() {
+            return Err("the engine stopped".into());
+        }
+        if let Some(w) = notifier.watchdog {
+            if petted.elapsed() >= w / 2 && state.metrics.heartbeat_age() < w / 2 {
+                notifier.notify("WATCHDOG=1");
+                petted = Instant::now();
+            }
+        }
+    }
+    drain(&state, &notifier, &engine_stop, drain_timeout);
+    Ok(())
+}
+
+/// How often the main thread looks at signals, the engine and the drain.
+const MAIN_TICK: Duration = Duration::from_millis(20);
+/// After the drain's deadline, how long the handlers get to write the cancelled
+/// requests' last events.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Graceful drain: not ready, no new requests (503 + Retry-After), the accepted
+/// ones (queued and running) finish until `timeout`; then the engine cancels
+/// the rest (each client gets an error event and a clean end), and sluice exits.
+fn drain(state: &AppState, notifier: &Notifier, engine_stop: &ffi::AbortWatch, timeout: Duration) {
+    state.draining.store(true, Ordering::SeqCst);
+    notifier.notify("STOPPING=1\nSTATUS=draining");
+    let n = state.in_flight.load(Ordering::SeqCst);
+    eprintln!(
+        "sluice: draining: {n} requests in flight may finish within {} ms; new ones get 503 (a second signal exits at once)",
+        timeout.as_millis()
+    );
+    let deadline = Instant::now() + timeout;
+    while state.in_flight.load(Ordering::SeqCst) > 0 {
+        if Instant::now() >= deadline && !engine_stop.is_shutdown() {
+            eprintln!(
+                "sluice: drain timeout: cancelling {} requests",
+                state.in_flight.load(Ordering::SeqCst)
+            );
+            engine_stop.shutdown();
+        }
+        if Instant::now() >= deadline + DRAIN_GRACE {
+            break;
+        }
+        std::thread::sleep(MAIN_TICK);
+    }
+    eprintln!("sluice: drained; exiting");
 }
 
 /// Measures this machine on the loaded model before any request is taken.

@@ -166,6 +166,10 @@ pub struct ServeArgs {
     /// milliseconds; also the socket send timeout (default: 30000)
     #[argh(option, default = "30_000")]
     pub stall_timeout_ms: u64,
+    /// on SIGTERM or SIGINT, how long accepted requests may take to finish
+    /// before the rest are cancelled, in milliseconds (default: 30000)
+    #[argh(option, default = "30_000")]
+    pub drain_timeout_ms: u64,
     /// kernel send buffer per connection in bytes (SO_SNDBUF; Linux doubles
     /// it), so that a slow reader's stream waits in sluice's bounded buffer,
     /// not in the kernel (default: 16384)
@@ -232,6 +236,7 @@ pub struct Config {
     pub stream_buffer_tokens: usize,
     pub request_timeout_ms: u64,
     pub stall_timeout: Duration,
+    pub drain_timeout: Duration,
     pub send_buffer_bytes: usize,
     /// `None`: parallel + queue depth + spare, once the depth is known.
     pub http_threads: Option<usize>,
@@ -335,6 +340,12 @@ impl Config {
             ));
         }
         check_range("--send-buffer-bytes", a.send_buffer_bytes, 2048, 64 << 20)?;
+        if a.drain_timeout_ms > 3_600_000 {
+            return Err(format!(
+                "--drain-timeout-ms is {}; it must be 0 to 3600000",
+                a.drain_timeout_ms
+            ));
+        }
         if a.request_timeout_ms == 0 {
             return Err("--request-timeout-ms must be positive".into());
         }
@@ -374,12 +385,96 @@ impl Config {
             stream_buffer_tokens: a.stream_buffer_tokens,
             request_timeout_ms: a.request_timeout_ms,
             stall_timeout: Duration::from_millis(a.stall_timeout_ms),
+            drain_timeout: Duration::from_millis(a.drain_timeout_ms),
             send_buffer_bytes: a.send_buffer_bytes,
             http_threads: a.http_threads,
             poll: a.poll,
             verbose: a.verbose,
         })
     }
+}
+
+/// `sluice serve`'s options (they take a value); see [`args_with_env`].
+const SERVE_OPTIONS: [&str; 27] = [
+    "model",
+    "model-name",
+    "host",
+    "port",
+    "threads",
+    "ctx",
+    "parallel",
+    "itl-target-ms",
+    "step-tokens",
+    "queue-wait-ms",
+    "queue-depth",
+    "queued-tokens-max",
+    "shed-target-ms",
+    "shed-interval-ms",
+    "mu-prefill",
+    "mu-decode",
+    "typical-prompt-tokens",
+    "typical-max-tokens",
+    "max-tokens-default",
+    "max-body-bytes",
+    "stream-buffer-tokens",
+    "request-timeout-ms",
+    "stall-timeout-ms",
+    "drain-timeout-ms",
+    "send-buffer-bytes",
+    "http-threads",
+    "poll",
+];
+/// `sluice serve`'s switches.
+const SERVE_SWITCHES: [&str; 4] = ["queue-depth-unsafe", "no-shed", "verbose", "help"];
+
+/// The environment variable of a `sluice serve` flag: `SLUICE_` and the flag in
+/// upper case with `_` for `-` (`--queue-wait-ms` → `SLUICE_QUEUE_WAIT_MS`).
+pub fn env_name(flag: &str) -> String {
+    format!("SLUICE_{}", flag.to_uppercase().replace('-', "_"))
+}
+
+/// Every `sluice serve` flag may also come from the environment (for systemd's
+/// `EnvironmentFile`): `SLUICE_PORT=9000`, `SLUICE_NO_SHED=1`. A flag given on
+/// the command line wins. Other commands take the command line only.
+pub fn args_with_env(
+    mut args: Vec<String>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Vec<String>, String> {
+    if args.get(1).map(String::as_str) != Some("serve") {
+        return Ok(args);
+    }
+    let given = |flag: &str| {
+        let long = format!("--{flag}");
+        let long_eq = format!("--{flag}=");
+        args.iter().any(|a| *a == long || a.starts_with(&long_eq))
+    };
+    let mut extra = Vec::new();
+    for flag in SERVE_OPTIONS {
+        if given(flag) {
+            continue;
+        }
+        if let Some(v) = env(&env_name(flag)) {
+            extra.push(format!("--{flag}"));
+            extra.push(v);
+        }
+    }
+    for flag in SERVE_SWITCHES.iter().filter(|&&f| f != "help") {
+        if given(flag) {
+            continue;
+        }
+        let name = env_name(flag);
+        match env(&name).as_deref().map(str::trim) {
+            None | Some("" | "0" | "false" | "no") => {}
+            Some("1" | "true" | "yes") => extra.push(format!("--{flag}")),
+            Some(v) => {
+                return Err(format!(
+                    "{name} is '{v}'; a switch takes 1, true or yes (on), or 0, false or no (off)"
+                ))
+            }
+        }
+    }
+    args.splice(2..2, extra);
+    Ok(args)
 }
 
 fn check_range(flag: &str, v: usize, lo: usize, hi: usize) -> Result<(), String> {
@@ -432,6 +527,65 @@ mod tests {
         assert_eq!(usable_cpus(&[2, 3, 5], 8), vec![2, 3, 5]);
         assert_eq!(usable_cpus(&[2, 3, 5], 1), vec![2]);
         assert_eq!(usable_cpus(&[], 2), vec![0, 1]);
+    }
+
+    #[test]
+    fn every_serve_flag_has_its_environment_variable() {
+        let early = ServeArgs::from_args(&["sluice", "serve"], &["--help"])
+            .expect_err("--help exits early");
+        let in_help: std::collections::BTreeSet<String> = early
+            .output
+            .split_whitespace()
+            .filter_map(|w| w.strip_prefix("--"))
+            .map(|f| f.trim_end_matches([',', '.']).to_string())
+            .filter(|f| !f.is_empty() && f.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
+            .collect();
+        let known: std::collections::BTreeSet<String> = SERVE_OPTIONS
+            .iter()
+            .chain(SERVE_SWITCHES.iter())
+            .map(|f| f.to_string())
+            .collect();
+        let missing: Vec<_> = in_help.difference(&known).collect();
+        assert!(
+            missing.is_empty(),
+            "flags without an environment variable: {missing:?}"
+        );
+    }
+
+    #[test]
+    fn the_environment_fills_in_flags_the_command_line_does_not_give() {
+        let env = |k: &str| match k {
+            "SLUICE_PORT" => Some("9000".to_string()),
+            "SLUICE_PARALLEL" => Some("2".to_string()),
+            "SLUICE_NO_SHED" => Some("1".to_string()),
+            "SLUICE_VERBOSE" => Some("0".to_string()),
+            _ => None,
+        };
+        let args: Vec<String> = ["sluice", "serve", "--parallel", "3"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let out = args_with_env(args, env).unwrap();
+        assert_eq!(
+            out,
+            [
+                "sluice",
+                "serve",
+                "--port",
+                "9000",
+                "--no-shed",
+                "--parallel",
+                "3"
+            ]
+        );
+        let bad = |k: &str| (k == "SLUICE_NO_SHED").then(|| "maybe".to_string());
+        let args = vec!["sluice".to_string(), "serve".to_string()];
+        assert!(args_with_env(args, bad)
+            .unwrap_err()
+            .contains("SLUICE_NO_SHED"));
+        let other = vec!["sluice".to_string(), "calibrate".to_string()];
+        assert_eq!(args_with_env(other.clone(), env).unwrap(), other);
+        assert_eq!(env_name("queue-wait-ms"), "SLUICE_QUEUE_WAIT_MS");
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod config;
 mod engine;
 mod http;
 mod metrics;
+mod notify;
 mod prompt;
 mod stream;
 

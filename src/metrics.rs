@@ -44,6 +44,10 @@ pub struct Metrics {
     /// `llama_decode` passes stopped mid-way because every sequence in them
     /// was cancelled.
     pub decodes_aborted: AtomicU64,
+    /// Engine steps begun between a request's cancel and its KV cells being
+    /// freed, summed over cancellations, and the most for one.
+    cancel_lag_steps: AtomicU64,
+    cancel_lag_steps_max: AtomicU64,
     /// Requests that ended with an engine error.
     pub failed: AtomicU64,
     /// Requests shed at dequeue because the queue stood above its sojourn target.
@@ -93,6 +97,8 @@ impl Default for Metrics {
             prefill_tokens: AtomicU64::new(0),
             prefill_tokens_abandoned: AtomicU64::new(0),
             decodes_aborted: AtomicU64::new(0),
+            cancel_lag_steps: AtomicU64::new(0),
+            cancel_lag_steps_max: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             shed_sojourn: AtomicU64::new(0),
             shed_ttft_budget: AtomicU64::new(0),
@@ -131,6 +137,13 @@ fn record(h: &Mutex<Histogram<u64>>, d: Duration) {
 impl Metrics {
     pub fn count_cancel(&self, reason: CancelReason) {
         self.cancelled[reason as usize - 1].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A cancelled request's KV cells were freed `steps` steps after its cancel.
+    pub fn record_cancel_lag(&self, steps: u64) {
+        self.cancel_lag_steps.fetch_add(steps, Ordering::Relaxed);
+        self.cancel_lag_steps_max
+            .fetch_max(steps, Ordering::Relaxed);
     }
 
     /// The engine loop turned: it is alive.
@@ -260,6 +273,18 @@ impl Metrics {
             "sluice_prefill_tokens_abandoned_total",
             "Prompt tokens never prefilled because their request was cancelled.",
             l(&self.prefill_tokens_abandoned),
+        );
+        counter(
+            &mut out,
+            "sluice_cancel_lag_steps_total",
+            "Engine steps begun between a cancel and the KV cells being freed, summed over cancellations.",
+            l(&self.cancel_lag_steps),
+        );
+        gauge(
+            &mut out,
+            "sluice_cancel_lag_steps_max",
+            "Most engine steps begun between one cancel and its KV cells being freed.",
+            l(&self.cancel_lag_steps_max) as f64,
         );
         counter(
             &mut out,

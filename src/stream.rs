@@ -13,7 +13,7 @@
 //! aborted mid-pass.
 
 use crate::engine::ffi::Token;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -81,6 +81,8 @@ pub enum ErrorKind {
     },
     /// The caller's deadline passed before the request could start.
     DeadlineExceeded,
+    /// The server is shutting down: the drain's deadline passed first.
+    Shutdown,
 }
 
 /// Why a request was shed at dequeue.
@@ -155,23 +157,38 @@ impl CancelReason {
 /// Set once, by whoever first gives up on the request; read by the engine
 /// before each step (and by the abort callback during one).
 #[derive(Debug, Clone, Default)]
-pub struct CancelFlag(Arc<AtomicU8>);
+pub struct CancelFlag {
+    reason: Arc<AtomicU8>,
+    /// The engine's step count when the flag was set: how many steps the
+    /// engine took to act on it is the difference at the time it does.
+    at_step: Arc<AtomicU64>,
+}
 
 impl CancelFlag {
-    /// Cancels with `reason`, unless already cancelled (the first reason stays).
-    pub fn cancel(&self, reason: CancelReason) {
-        let _ = self
-            .0
-            .compare_exchange(0, reason as u8, Ordering::AcqRel, Ordering::Acquire);
+    /// Cancels with `reason` at the engine's step count `step`, unless already
+    /// cancelled (the first reason stays).
+    pub fn cancel(&self, reason: CancelReason, step: u64) {
+        if self
+            .reason
+            .compare_exchange(0, reason as u8, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.at_step.store(step, Ordering::Release);
+        }
     }
 
     pub fn reason(&self) -> Option<CancelReason> {
-        CancelReason::from_u8(self.0.load(Ordering::Acquire))
+        CancelReason::from_u8(self.reason.load(Ordering::Acquire))
+    }
+
+    /// The engine's step count when it was cancelled.
+    pub fn at_step(&self) -> u64 {
+        self.at_step.load(Ordering::Acquire)
     }
 
     /// The raw flag, for the abort callback (non-zero once cancelled).
     pub fn raw(&self) -> &Arc<AtomicU8> {
-        &self.0
+        &self.reason
     }
 }
 
@@ -214,9 +231,10 @@ mod tests {
         let f = CancelFlag::default();
         assert_eq!(f.reason(), None);
         let g = f.clone();
-        g.cancel(CancelReason::Stall);
-        f.cancel(CancelReason::Disconnect);
+        g.cancel(CancelReason::Stall, 7);
+        f.cancel(CancelReason::Disconnect, 9);
         assert_eq!(f.reason(), Some(CancelReason::Stall));
+        assert_eq!(f.at_step(), 7);
         assert_ne!(f.raw().load(Ordering::Relaxed), 0);
     }
 

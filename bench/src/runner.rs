@@ -261,9 +261,18 @@ fn spawn_progress(
     }))
 }
 
-/// The sampling thread (returning the largest RSS in kB and thread count seen)
-/// and its stop flag.
-type Sampling = (std::thread::JoinHandle<(u64, u64)>, Arc<AtomicBool>);
+/// What the sampling thread saw: RSS in kB (first, last and largest sample)
+/// and the largest thread count.
+#[derive(Debug, Default, Clone, Copy)]
+struct Samples {
+    rss_kb_first: Option<u64>,
+    rss_kb_last: u64,
+    rss_kb_max: u64,
+    threads_max: u64,
+}
+
+/// The sampling thread and its stop flag.
+type Sampling = (std::thread::JoinHandle<Samples>, Arc<AtomicBool>);
 
 /// Samples the target process's resident memory and thread count.
 struct TargetSampler {
@@ -277,15 +286,17 @@ impl TargetSampler {
             let stop = Arc::new(AtomicBool::new(false));
             let flag = Arc::clone(&stop);
             let h = std::thread::spawn(move || {
-                let (mut rss_kb, mut threads) = (0, 0);
+                let mut s = Samples::default();
                 while !flag.load(Ordering::Relaxed) {
                     if let Some((r, t)) = read_proc_status(pid) {
-                        rss_kb = rss_kb.max(r);
-                        threads = threads.max(t);
+                        s.rss_kb_first.get_or_insert(r);
+                        s.rss_kb_last = r;
+                        s.rss_kb_max = s.rss_kb_max.max(r);
+                        s.threads_max = s.threads_max.max(t);
                     }
                     std::thread::sleep(SAMPLE_INTERVAL);
                 }
-                (rss_kb, threads)
+                s
             });
             (h, stop)
         });
@@ -297,8 +308,11 @@ impl TargetSampler {
             return Value::Null;
         };
         stop.store(true, Ordering::Relaxed);
-        let (rss_kb, threads) = h.join().unwrap_or((0, 0));
-        json!({"pid": self.pid, "rss_mb_max": rss_kb as f64 / 1024.0, "threads_max": threads})
+        let s = h.join().unwrap_or_default();
+        let mb = |kb: u64| kb as f64 / 1024.0;
+        json!({"pid": self.pid, "rss_mb_max": mb(s.rss_kb_max),
+               "rss_mb_first": mb(s.rss_kb_first.unwrap_or(0)), "rss_mb_last": mb(s.rss_kb_last),
+               "threads_max": s.threads_max})
     }
 }
 

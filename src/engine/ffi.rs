@@ -180,6 +180,34 @@ pub fn peer_closed(fd: &std::os::fd::OwnedFd) -> bool {
     rc > 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0
 }
 
+/// SIGTERM and SIGINT received since `catch_stop_signals`.
+static STOP_SIGNALS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+/// Exit status when a second stop signal cuts a drain short.
+pub const EXIT_SECOND_SIGNAL: i32 = 2;
+
+extern "C" fn on_stop_signal(_: libc::c_int) {
+    // Only async-signal-safe work here: an atomic add, and `_exit`.
+    if STOP_SIGNALS.fetch_add(1, Ordering::SeqCst) >= 1 {
+        unsafe { libc::_exit(EXIT_SECOND_SIGNAL) };
+    }
+}
+
+/// From now on, SIGTERM and SIGINT are counted instead of killing the process
+/// (the caller drains on the first); a second one exits at once with
+/// `EXIT_SECOND_SIGNAL`. Returns the count.
+pub fn catch_stop_signals() -> &'static std::sync::atomic::AtomicU32 {
+    // SAFETY: a zeroed sigaction is valid; the handler is async-signal-safe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+        libc::sigemptyset(&mut sa.sa_mask);
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+    &STOP_SIGNALS
+}
+
 /// Raises the soft open-files limit to the hard limit; returns the new soft limit.
 pub fn raise_nofile_limit() -> u64 {
     unsafe {
@@ -410,8 +438,8 @@ pub struct Context {
 unsafe impl Send for Context {}
 
 /// What makes a running `decode` stop early: every sequence in its batch
-/// cancelled (their flags are non-zero), or shutdown (not set yet: the
-/// graceful drain is still to come). ggml asks between graph
+/// cancelled (their flags are non-zero), or shutdown (the drain's deadline
+/// passed). ggml asks between graph
 /// nodes, many times per pass, so the check is a few atomic loads.
 #[derive(Default)]
 pub struct AbortWatch {
@@ -420,6 +448,15 @@ pub struct AbortWatch {
 }
 
 impl AbortWatch {
+    /// Stops the running pass and every later one: the server is shutting down.
+    pub fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_shutdown(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
     fn should_abort(&self) -> bool {
         if self.shutdown.load(Ordering::Relaxed) {
             return true;
@@ -526,6 +563,11 @@ impl Context {
         let result = self.decode(batch);
         self.abort.watched.lock().expect("abort watch").clear();
         result
+    }
+
+    /// The handle the main thread uses to stop the engine at the end of a drain.
+    pub fn abort_handle(&self) -> Arc<AbortWatch> {
+        Arc::clone(&self.abort)
     }
 
     pub fn decode(&mut self, batch: &Batch) -> Result<(), DecodeError> {

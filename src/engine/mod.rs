@@ -171,7 +171,9 @@ pub fn run(
             .is_none_or(|n| n >= cfg.parallel && n <= cfg.n_batch),
         "fixed step budget outside parallel..=n_batch"
     );
+    let shutdown = ctx.abort_handle();
     let mut engine = Engine {
+        shutdown,
         model,
         slots: (0..cfg.parallel).map(|_| None).collect(),
         batch: Batch::new(cfg.n_batch),
@@ -191,7 +193,11 @@ pub fn run(
         engine.metrics.beat();
         engine.reap(&mut ctx);
         engine.deliver_outboxes(&mut ctx);
-        let closed = engine.admit(&jobs);
+        let closed = if engine.shutdown.is_shutdown() {
+            engine.refuse_queued(&jobs)
+        } else {
+            engine.admit(&jobs)
+        };
         let views = engine.views();
         let budget = engine.step_budget(&views);
         engine
@@ -212,6 +218,9 @@ pub fn run(
 }
 
 struct Engine {
+    /// Set by the main thread when a drain's deadline passes: everything still
+    /// running or queued is cancelled (running decodes abort through it too).
+    shutdown: Arc<ffi::AbortWatch>,
     model: Arc<Model>,
     slots: Vec<Option<Seq>>,
     batch: Batch,
@@ -235,6 +244,7 @@ struct Engine {
 enum Dropped {
     Deadline,
     Shed(ShedReason),
+    Shutdown,
 }
 
 impl Engine {
@@ -428,6 +438,25 @@ impl Engine {
         closed
     }
 
+    /// Shutdown: every queued job is answered without running. Returns true
+    /// when the job channel is closed.
+    fn refuse_queued(&mut self, jobs: &Receiver<Job>) -> bool {
+        loop {
+            let job = match self.waiting.take() {
+                Some(job) => job,
+                None => match jobs.try_recv() {
+                    Ok(job) => job,
+                    Err(e) => {
+                        self.publish_gauges();
+                        return e.is_disconnected();
+                    }
+                },
+            };
+            let message = "the server shut down before this request could start; it was not run";
+            self.refuse(job, Dropped::Shutdown, message.into());
+        }
+    }
+
     /// Answers a job that leaves the queue without running, counts it, and
     /// frees its place in admission.
     fn refuse(&mut self, job: Job, why: Dropped, message: String) {
@@ -438,6 +467,14 @@ impl Engine {
                 ErrorKind::DeadlineExceeded,
                 message,
             ),
+            Dropped::Shutdown => {
+                self.metrics.count_cancel(CancelReason::Shutdown);
+                let _ = job.events.try_send(Event::Error {
+                    kind: ErrorKind::Shutdown,
+                    message,
+                });
+                return;
+            }
             Dropped::Shed(reason) => {
                 let retry_after_s = self.queue.retry_after_s();
                 let counter = match reason {
@@ -766,7 +803,10 @@ impl Engine {
         seq.pause.drained();
         if gone {
             // The handler stopped listening; it says why, or the client left.
-            seq.job.cancel.cancel(CancelReason::Disconnect);
+            seq.job.cancel.cancel(
+                CancelReason::Disconnect,
+                self.metrics.steps.load(Ordering::Relaxed),
+            );
             let reason = seq.job.cancel.reason().unwrap_or(CancelReason::Disconnect);
             self.cancel(ctx, slot, reason);
         } else if seq.done {
@@ -779,12 +819,22 @@ impl Engine {
     /// so a cancelled sequence never takes another one.
     fn reap(&mut self, ctx: &mut Context) {
         let now = Instant::now();
+        let shutdown = self.shutdown.is_shutdown();
         for slot in 0..self.slots.len() {
             let Some(seq) = self.slots[slot].as_ref() else {
                 continue;
             };
+            if shutdown {
+                seq.job.cancel.cancel(
+                    CancelReason::Shutdown,
+                    self.metrics.steps.load(Ordering::Relaxed),
+                );
+            }
             if seq.pause.stalled(now, self.cfg.stall_timeout) {
-                seq.job.cancel.cancel(CancelReason::Stall);
+                seq.job.cancel.cancel(
+                    CancelReason::Stall,
+                    self.metrics.steps.load(Ordering::Relaxed),
+                );
             }
             if let Some(reason) = seq.job.cancel.reason() {
                 self.cancel(ctx, slot, reason);
@@ -799,7 +849,12 @@ impl Engine {
         let Some(seq) = self.slots[slot].as_ref() else {
             return;
         };
+        // The handler learns why when its stream closes.
+        let steps = self.metrics.steps.load(Ordering::Relaxed);
+        seq.job.cancel.cancel(reason, steps);
         if !seq.done {
+            self.metrics
+                .record_cancel_lag(steps.saturating_sub(seq.job.cancel.at_step()));
             let unprefilled = seq.job.prompt.len().saturating_sub(seq.n_past);
             self.metrics
                 .prefill_tokens_abandoned

@@ -16,6 +16,10 @@ pub enum QueueBound {
     Tokens,
 }
 
+/// What a client refused during a drain is told to wait: a restart, or a load
+/// balancer's next health check, is seconds away.
+pub const DRAIN_RETRY_AFTER_S: u64 = 5;
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum ApiError {
     /// The body is not JSON, or a field has the wrong type or value.
@@ -78,6 +82,10 @@ pub enum ApiError {
     /// The client closed its connection before the answer; nobody reads this
     /// error (it names the outcome in the log).
     ClientGone,
+    /// The server is draining: it takes no new requests.
+    Draining,
+    /// The drain's deadline passed before this request finished; it was cancelled.
+    ShuttingDown,
 }
 
 impl ApiError {
@@ -100,6 +108,7 @@ impl ApiError {
             ApiError::Shed { .. } => 503,
             ApiError::DeadlineExceeded { .. } => 504,
             ApiError::Timeout { .. } | ApiError::Stalled { .. } => 504,
+            ApiError::Draining | ApiError::ShuttingDown => 503,
             // nginx's "client closed request": never sent, only logged.
             ApiError::ClientGone => 499,
         }
@@ -128,12 +137,17 @@ impl ApiError {
             ApiError::Timeout { .. } => "request_timeout",
             ApiError::Stalled { .. } => "stream_stalled",
             ApiError::ClientGone => "client_gone",
+            ApiError::Draining => "draining",
+            ApiError::ShuttingDown => "shutting_down",
         }
     }
 
     fn kind(&self) -> &'static str {
         match self {
-            ApiError::QueueFull { .. } | ApiError::Shed { .. } => "overloaded_error",
+            ApiError::QueueFull { .. }
+            | ApiError::Shed { .. }
+            | ApiError::Draining
+            | ApiError::ShuttingDown => "overloaded_error",
             ApiError::Engine { .. }
             | ApiError::Timeout { .. }
             | ApiError::Stalled { .. }
@@ -190,6 +204,12 @@ impl ApiError {
                 "the client read nothing of this stream for {limit_ms} ms (the stall timeout); generation was cancelled"
             ),
             ApiError::ClientGone => "the client closed the connection".into(),
+            ApiError::Draining => {
+                "the server is shutting down and takes no new requests; retry on another replica, or after it restarts".into()
+            }
+            ApiError::ShuttingDown => {
+                "the server shut down before this request finished; it was cancelled".into()
+            }
         }
     }
 
@@ -198,6 +218,7 @@ impl ApiError {
             ApiError::QueueFull { retry_after_s, .. } | ApiError::Shed { retry_after_s, .. } => {
                 Some(*retry_after_s)
             }
+            ApiError::Draining | ApiError::ShuttingDown => Some(DRAIN_RETRY_AFTER_S),
             _ => None,
         }
     }

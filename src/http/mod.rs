@@ -55,6 +55,10 @@ pub struct AppState {
     /// Most tokens one request may span (prompt + max_tokens): the KV cells,
     /// and no more than the model was trained for.
     pub seq_tokens_max: usize,
+    /// Set on SIGTERM/SIGINT: not ready, no new requests; the accepted ones finish.
+    pub draining: std::sync::atomic::AtomicBool,
+    /// Completion requests being handled (the drain waits for them).
+    pub in_flight: std::sync::atomic::AtomicUsize,
     pub next_id: AtomicU64,
     pub started_unix_s: u64,
 }
@@ -121,9 +125,13 @@ fn handle(state: &AppState, req: Request) {
                 respond_json(req, 503, &body, None);
             }
         }
-        // Readiness: not while requests leave the queue past the sojourn target.
+        // Readiness: not while draining, nor while requests leave the queue
+        // past the sojourn target.
         (Method::Get, "/readyz") => {
-            if state.metrics.sojourn_above_target.load(Ordering::Relaxed) {
+            if state.draining.load(Ordering::Relaxed) {
+                let body = json!({"status": "not ready", "reason": "draining"});
+                respond_json(req, 503, &body, None);
+            } else if state.metrics.sojourn_above_target.load(Ordering::Relaxed) {
                 let shedding = state.metrics.shedding.load(Ordering::Relaxed);
                 let body = json!({"status": "not ready", "reason": "queue sojourn above target", "shedding": shedding});
                 respond_json(req, 503, &body, None);
@@ -271,9 +279,32 @@ struct Outcome {
     note: &'static str,
 }
 
+/// Counts a completion request in flight for as long as it lives.
+struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(n: &'a std::sync::atomic::AtomicUsize) -> InFlight<'a> {
+        n.fetch_add(1, Ordering::SeqCst);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn generate(state: &AppState, mut req: Request, api: Api) {
+    let _in_flight = InFlight::enter(&state.in_flight);
     let t0 = Instant::now();
     let path = req.url().to_string();
+    if state.draining.load(Ordering::SeqCst) {
+        let e = ApiError::Draining;
+        log_request(&path, t0, &outcome_of_error(&e));
+        respond_error(req, &e);
+        return;
+    }
     // The connection's socket, held for probing while this request waits: a
     // client that leaves is seen even when nothing is being written to it.
     let probe = req.take_peer_socket();
@@ -344,6 +375,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         probe,
         probed_at: std::cell::Cell::new(t0),
         cancel,
+        metrics: Arc::clone(&state.metrics),
     };
     let mut outcome = reply(req, &meta, &valid, echo_text, &waiter);
     if outcome.usage.prompt_tokens == 0 {
@@ -520,9 +552,15 @@ struct Waiter {
     /// When the client's socket was last probed.
     probed_at: std::cell::Cell<Instant>,
     cancel: CancelFlag,
+    metrics: Arc<Metrics>,
 }
 
 impl Waiter {
+    /// The engine's step count, stamped on a cancel.
+    fn step(&self) -> u64 {
+        self.metrics.steps.load(Ordering::Relaxed)
+    }
+
     /// Whether the client closed its connection: probed at most every
     /// `PEER_PROBE_INTERVAL`, whether or not events keep coming.
     fn client_gone(&self) -> bool {
@@ -542,13 +580,13 @@ impl Waiter {
         loop {
             let now = Instant::now();
             if now >= self.deadline {
-                self.cancel.cancel(CancelReason::Deadline);
+                self.cancel.cancel(CancelReason::Deadline, self.step());
                 return Err(ApiError::Timeout {
                     limit_ms: self.timeout_ms,
                 });
             }
             if self.client_gone() {
-                self.cancel.cancel(CancelReason::Disconnect);
+                self.cancel.cancel(CancelReason::Disconnect, self.step());
                 return Err(ApiError::ClientGone);
             }
             let wait = PEER_PROBE_INTERVAL.min(self.deadline - now);
@@ -565,6 +603,7 @@ impl Waiter {
                             retry_after_s,
                         },
                         ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
+                        ErrorKind::Shutdown => ApiError::ShuttingDown,
                     })
                 }
                 Ok(event) => return Ok(event),
@@ -574,6 +613,7 @@ impl Waiter {
                         Some(CancelReason::Stall) => ApiError::Stalled {
                             limit_ms: self.stall_timeout_ms,
                         },
+                        Some(CancelReason::Shutdown) => ApiError::ShuttingDown,
                         _ => ApiError::Engine {
                             message: "the engine stopped before the request ended".into(),
                         },
@@ -590,7 +630,7 @@ impl Waiter {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => CancelReason::Stall,
             _ => CancelReason::Disconnect,
         };
-        self.cancel.cancel(reason);
+        self.cancel.cancel(reason, self.step());
     }
 }
 

@@ -9,5 +9,6 @@ mod batching;
 mod bench;
 mod flow;
 mod harness;
+mod service;
 mod startup;
 mod threads;
