@@ -699,6 +699,8 @@ fn stream_reply(
             }
             Event::Token { text, logprob, .. } => {
                 outcome.first_token.get_or_insert_with(|| t0.elapsed());
+                // The log's count if the stream ends early (End brings the real usage).
+                outcome.usage.completion_tokens += 1;
                 let mut text = text;
                 if let Some(echo) = pending_echo.take() {
                     offset += echo.chars().count();
