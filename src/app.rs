@@ -246,7 +246,7 @@ fn serve(cfg: Config) -> Result<(), String> {
             .unwrap_or(0),
         cfg,
     });
-    let _handlers = http::start(Arc::clone(&state), listener)?;
+    let front = http::start(Arc::clone(&state), listener)?;
     eprintln!("sluice: listening on http://{local}");
     notifier.notify(&format!("READY=1\n{status}"));
 
@@ -257,6 +257,9 @@ fn serve(cfg: Config) -> Result<(), String> {
         std::thread::sleep(MAIN_TICK);
         if engine_thread.is_finished() {
             return Err("the engine stopped".into());
+        }
+        if !front.is_accepting() {
+            return Err("the HTTP server stopped accepting connections".into());
         }
         if let Some(w) = notifier.watchdog {
             if petted.elapsed() >= w / 2 && state.metrics.heartbeat_age() < w / 2 {

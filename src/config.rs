@@ -166,6 +166,11 @@ pub struct ServeArgs {
     /// milliseconds; also the socket send timeout (default: 30000)
     #[argh(option, default = "30_000")]
     pub stall_timeout_ms: u64,
+    /// a client that sends nothing for this long is disconnected (idle
+    /// keep-alive, slow headers), and a request body must arrive within it, in
+    /// milliseconds (default: 10000)
+    #[argh(option, default = "10_000")]
+    pub client_timeout_ms: u64,
     /// on SIGTERM or SIGINT, how long accepted requests may take to finish
     /// before the rest are cancelled, in milliseconds (default: 30000)
     #[argh(option, default = "30_000")]
@@ -237,6 +242,7 @@ pub struct Config {
     pub request_timeout_ms: u64,
     pub stall_timeout: Duration,
     pub drain_timeout: Duration,
+    pub client_timeout: Duration,
     pub send_buffer_bytes: usize,
     /// `None`: parallel + queue depth + spare, once the depth is known.
     pub http_threads: Option<usize>,
@@ -340,6 +346,12 @@ impl Config {
             ));
         }
         check_range("--send-buffer-bytes", a.send_buffer_bytes, 2048, 64 << 20)?;
+        if a.client_timeout_ms == 0 || a.client_timeout_ms > 3_600_000 {
+            return Err(format!(
+                "--client-timeout-ms is {}; it must be 1 to 3600000",
+                a.client_timeout_ms
+            ));
+        }
         if a.drain_timeout_ms > 3_600_000 {
             return Err(format!(
                 "--drain-timeout-ms is {}; it must be 0 to 3600000",
@@ -386,6 +398,7 @@ impl Config {
             request_timeout_ms: a.request_timeout_ms,
             stall_timeout: Duration::from_millis(a.stall_timeout_ms),
             drain_timeout: Duration::from_millis(a.drain_timeout_ms),
+            client_timeout: Duration::from_millis(a.client_timeout_ms),
             send_buffer_bytes: a.send_buffer_bytes,
             http_threads: a.http_threads,
             poll: a.poll,
@@ -395,7 +408,7 @@ impl Config {
 }
 
 /// `sluice serve`'s options (they take a value); see [`args_with_env`].
-const SERVE_OPTIONS: [&str; 27] = [
+const SERVE_OPTIONS: [&str; 28] = [
     "model",
     "model-name",
     "host",
@@ -420,6 +433,7 @@ const SERVE_OPTIONS: [&str; 27] = [
     "request-timeout-ms",
     "stall-timeout-ms",
     "drain-timeout-ms",
+    "client-timeout-ms",
     "send-buffer-bytes",
     "http-threads",
     "poll",

@@ -37,6 +37,12 @@ use validation::{Api, Input, ValidRequest};
 /// The engine loop turns at least every 100 ms when idle and once per step when
 /// busy; a step is at most `--step-tokens` tokens. Silence this long means wedged.
 const LIVENESS_STALE: Duration = Duration::from_secs(120);
+/// Longest request line or header line; over it, 431.
+pub const HEADER_LINE_BYTES_MAX: usize = 8 * 1024;
+/// Most header lines; over it, 431.
+pub const HEADERS_MAX: usize = 100;
+/// Most bytes of header lines in all; over it, 431.
+pub const HEADER_BYTES_MAX: usize = 32 * 1024;
 /// How often a handler waiting for the engine checks that its client is still
 /// there: well under one engine step on a CPU.
 const PEER_PROBE_INTERVAL: Duration = Duration::from_millis(20);
@@ -63,8 +69,22 @@ pub struct AppState {
     pub started_unix_s: u64,
 }
 
-/// Starts tiny_http on `listener` and the handler pool. Returns the handler threads.
-pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Vec<JoinHandle<()>>, String> {
+/// The running HTTP front.
+pub struct Front {
+    _handlers: Vec<JoinHandle<()>>,
+    server: Arc<Server>,
+}
+
+impl Front {
+    /// False once tiny_http's accept thread has stopped for good (its listener
+    /// failed): a process that accepts nothing must exit, so that it is restarted.
+    pub fn is_accepting(&self) -> bool {
+        self.server.is_accepting()
+    }
+}
+
+/// Starts tiny_http on `listener` and the handler pool.
+pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, String> {
     // Accepted sockets inherit TCP_NODELAY from the listener; without it Nagle's
     // algorithm and delayed ACKs add tens of milliseconds to every token.
     ffi::set_tcp_nodelay(&listener).map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
@@ -77,7 +97,16 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Vec<JoinHand
     // tiny_http's threads (accept loop, connection pool) inherit the name of the
     // thread that creates them.
     ffi::set_current_thread_name("sluice-conn");
-    let server = Server::from_listener(listener, None);
+    // What a client may send is enforced on its connection's thread: a slow or
+    // oversized request never holds a handler (tiny_http patched for it).
+    let limits = tiny_http::ConnectionLimits {
+        read_timeout: Some(state.cfg.client_timeout),
+        header_line_bytes_max: HEADER_LINE_BYTES_MAX,
+        headers_max: HEADERS_MAX,
+        header_bytes_max: HEADER_BYTES_MAX,
+        preread_body_bytes_max: state.cfg.body_bytes_max,
+    };
+    let server = Server::from_listener_with_limits(listener, None, limits);
     ffi::set_current_thread_name("sluice-main");
     let server = Arc::new(server.map_err(|e| format!("cannot start the HTTP server: {e}"))?);
 
@@ -107,7 +136,10 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Vec<JoinHand
             .recv()
             .map_err(|_| "a handler thread died while starting".to_string())?;
     }
-    Ok(handles)
+    Ok(Front {
+        _handlers: handles,
+        server,
+    })
 }
 
 fn handle(state: &AppState, req: Request) {

@@ -9,6 +9,7 @@ mod batching;
 mod bench;
 mod flow;
 mod harness;
+mod hostile;
 mod service;
 mod startup;
 mod threads;

@@ -18,6 +18,9 @@ pub struct ClientConnection {
     // address of the client
     remote_addr: IoResult<Option<SocketAddr>>,
 
+    // sluice patch: what a client may send
+    limits: crate::ConnectionLimits,
+
     // sluice patch: the socket, duplicated for each request
     #[cfg(unix)]
     probe_socket: Option<std::os::fd::OwnedFd>,
@@ -43,6 +46,11 @@ pub struct ClientConnection {
 /// Error that can happen when reading a request.
 #[derive(Debug)]
 enum ReadError {
+    /// sluice patch: a header line, the header count or their total size is
+    /// over the connection's limits.
+    HeadersTooLarge(HTTPVersion),
+    /// sluice patch: the body did not arrive within the read timeout.
+    BodyTimedOut(HTTPVersion),
     WrongRequestLine,
     WrongHeader(HTTPVersion),
     /// the client sent an unrecognized `Expect` header
@@ -51,10 +59,11 @@ enum ReadError {
 }
 
 impl ClientConnection {
-    /// Creates a new `ClientConnection` that takes ownership of the `TcpStream`.
-    pub fn new(
+    /// sluice patch: with limits on what a client may send.
+    pub fn with_limits(
         write_socket: RefinedTcpStream,
         mut read_socket: RefinedTcpStream,
+        limits: crate::ConnectionLimits,
     ) -> ClientConnection {
         let remote_addr = read_socket.peer_addr();
         let secure = read_socket.secure();
@@ -68,6 +77,7 @@ impl ClientConnection {
             source,
             sink: SequentialWriterBuilder::new(BufWriter::with_capacity(1024, write_socket)),
             remote_addr,
+            limits,
             #[cfg(unix)]
             probe_socket,
             next_header_source: first_header,
@@ -106,6 +116,10 @@ impl ClientConnection {
             prev_byte_was_cr = byte == b'\r';
 
             buf.push(byte);
+            // sluice patch: a line may not grow without bound.
+            if buf.len() > self.limits.header_line_bytes_max {
+                return Err(IoError::new(ErrorKind::OutOfMemory, "header line too long"));
+            }
         }
     }
 
@@ -114,8 +128,15 @@ impl ClientConnection {
     fn read(&mut self) -> Result<Request, ReadError> {
         let (method, path, version, headers) = {
             // reading the request line
+            let too_large = |e: IoError| {
+                if e.kind() == ErrorKind::OutOfMemory {
+                    ReadError::HeadersTooLarge(HTTPVersion(1, 1))
+                } else {
+                    ReadError::ReadIoError(e)
+                }
+            };
             let (method, path, version) = {
-                let line = self.read_next_line().map_err(ReadError::ReadIoError)?;
+                let line = self.read_next_line().map_err(too_large)?;
 
                 parse_request_line(
                     line.as_str().trim(), // TODO: remove this conversion
@@ -125,12 +146,20 @@ impl ClientConnection {
             // getting all headers
             let headers = {
                 let mut headers = Vec::new();
+                let mut bytes = 0;
                 loop {
-                    let line = self.read_next_line().map_err(ReadError::ReadIoError)?;
+                    let line = self.read_next_line().map_err(too_large)?;
 
                     if line.is_empty() {
                         break;
                     };
+                    // sluice patch: so many headers, or so much of them, is an attack.
+                    bytes += line.len();
+                    if headers.len() >= self.limits.headers_max
+                        || bytes > self.limits.header_bytes_max
+                    {
+                        return Err(ReadError::HeadersTooLarge(version));
+                    }
                     headers.push(match FromStr::from_str(line.as_str().trim()) {
                         // TODO: remove this conversion
                         Ok(h) => h,
@@ -165,6 +194,13 @@ impl ClientConnection {
         .map_err(|e| {
             use crate::request;
             match e {
+                // sluice patch: a small body that does not arrive in time is 408,
+                // like a larger one (see `Request::preread_body`).
+                request::RequestCreationError::CreationIoError(e)
+                    if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) =>
+                {
+                    ReadError::BodyTimedOut(version.clone())
+                }
                 request::RequestCreationError::CreationIoError(e) => ReadError::ReadIoError(e),
                 request::RequestCreationError::ExpectationFailed => {
                     ReadError::ExpectationFailed(version)
@@ -220,6 +256,20 @@ impl Iterator for ClientConnection {
                     response.raw_print(writer, ver, &[], false, None).ok();
                     return None; // we don't know where the next request would start,
                                  // se we have to close
+                }
+
+                Err(ReadError::BodyTimedOut(ver)) => {
+                    let writer = self.sink.next().unwrap();
+                    let response = Response::new_empty(StatusCode(408));
+                    response.raw_print(writer, ver, &[], false, None).ok();
+                    return None;
+                }
+
+                Err(ReadError::HeadersTooLarge(ver)) => {
+                    let writer = self.sink.next().unwrap();
+                    let response = Response::new_empty(StatusCode(431));
+                    response.raw_print(writer, ver, &[], false, None).ok();
+                    return None; // the rest of the headers would be read as a request
                 }
 
                 Err(ReadError::ReadIoError(ref err)) if err.kind() == ErrorKind::TimedOut => {

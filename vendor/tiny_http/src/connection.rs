@@ -88,6 +88,16 @@ impl Connection {
         }
     }
 
+    /// sluice patch: a read timeout on an accepted connection (headers, body,
+    /// and idle keep-alive waits all obey it).
+    pub(crate) fn set_read_timeout(&self, d: Option<std::time::Duration>) -> std::io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_read_timeout(d),
+            #[cfg(unix)]
+            Self::Unix(s) => s.set_read_timeout(d),
+        }
+    }
+
     /// Gets the peer's address. Some for TCP, None for Unix sockets.
     pub(crate) fn peer_addr(&mut self) -> std::io::Result<Option<SocketAddr>> {
         match self {

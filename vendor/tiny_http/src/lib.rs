@@ -130,7 +130,41 @@ mod util;
 /// Destroying this object will immediately close the listening socket and the reading
 ///  part of all the client's connections. Requests that have already been returned by
 ///  the `recv()` function will not close and the responses will be transferred to the client.
+/// sluice patch: what a client may send, enforced on the connection's own
+/// thread (never on the threads that handle requests). The default is
+/// upstream's behaviour: no limits.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// Read timeout of each accepted socket: a client that sends nothing for
+    /// this long (headers, body, or an idle keep-alive) is disconnected (408).
+    pub read_timeout: Option<Duration>,
+    /// Longest request line or header line (431 above it).
+    pub header_line_bytes_max: usize,
+    /// Most header lines (431 above it).
+    pub headers_max: usize,
+    /// Most bytes of header lines in all (431 above it).
+    pub header_bytes_max: usize,
+    /// Bodies up to this size are read to their end before the request is
+    /// handed out, within `read_timeout` in all; 0 leaves them unread.
+    pub preread_body_bytes_max: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            read_timeout: None,
+            header_line_bytes_max: usize::MAX,
+            headers_max: usize::MAX,
+            header_bytes_max: usize::MAX,
+            preread_body_bytes_max: 0,
+        }
+    }
+}
+
 pub struct Server {
+    // sluice patch: false once the accept thread has stopped for good
+    accepting: Arc<AtomicBool>,
+
     // should be false as long as the server exists
     // when set to true, all the subtasks will close within a few hundreds ms
     close: Arc<AtomicBool>,
@@ -243,7 +277,18 @@ impl Server {
         listener: L,
         ssl_config: Option<SslConfig>,
     ) -> Result<Server, Box<dyn Error + Send + Sync + 'static>> {
+        Server::from_listener_with_limits(listener, ssl_config, ConnectionLimits::default())
+    }
+
+    /// sluice patch: `from_listener` with limits on what clients may send.
+    pub fn from_listener_with_limits<L: Into<Listener>>(
+        listener: L,
+        ssl_config: Option<SslConfig>,
+        limits: ConnectionLimits,
+    ) -> Result<Server, Box<dyn Error + Send + Sync + 'static>> {
         let listener = listener.into();
+        let accepting = Arc::new(AtomicBool::new(true));
+        let inside_accepting = Arc::clone(&accepting);
         // building the "close" variable
         let close_trigger = Arc::new(AtomicBool::new(false));
 
@@ -286,6 +331,16 @@ impl Server {
         let inside_close_trigger = close_trigger.clone();
         let inside_messages = messages.clone();
         thread::spawn(move || {
+            // sluice patch: however this thread ends (a panic included), the
+            // server says it no longer accepts.
+            struct Accepting(Arc<AtomicBool>);
+            impl Drop for Accepting {
+                fn drop(&mut self) {
+                    self.0.store(false, Relaxed);
+                }
+            }
+            let _accepting = Accepting(inside_accepting);
+
             // a tasks pool is used to dispatch the connections into threads
             let tasks_pool = util::TaskPool::new();
 
@@ -294,7 +349,10 @@ impl Server {
                 let new_client = match server.accept() {
                     Ok((sock, _)) => {
                         use util::RefinedTcpStream;
-                        let (read_closable, write_closable) = match ssl {
+                        if sock.set_read_timeout(limits.read_timeout).is_err() {
+                            continue;
+                        }
+                        let pair = match ssl {
                             None => RefinedTcpStream::new(sock),
                             #[cfg(any(feature = "ssl-openssl", feature = "ssl-rustls"))]
                             Some(ref ssl) => {
@@ -310,8 +368,17 @@ impl Server {
                             #[cfg(not(any(feature = "ssl-openssl", feature = "ssl-rustls")))]
                             Some(ref _ssl) => unreachable!(),
                         };
+                        let (read_closable, write_closable) = match pair {
+                            Ok(pair) => pair,
+                            Err(e) => {
+                                // Out of descriptors: this connection is dropped; wait a little.
+                                log::error!("Error setting up a new client (dropped): {}", e);
+                                thread::sleep(Duration::from_millis(50));
+                                continue;
+                            }
+                        };
 
-                        Ok(ClientConnection::new(write_closable, read_closable))
+                        Ok(ClientConnection::with_limits(write_closable, read_closable, limits))
                     }
                     Err(e) => Err(e),
                 };
@@ -330,7 +397,14 @@ impl Server {
                                         receiver.recv().unwrap();
                                     }
                                 } else {
-                                    for rq in client {
+                                    for mut rq in client {
+                                        // sluice patch: slow bodies wait here, not in a handler.
+                                        let total = limits.read_timeout;
+                                        let max = limits.preread_body_bytes_max;
+                                        if let Err(status) = rq.preread_body(max, total) {
+                                            let _ = rq.respond(Response::empty(status));
+                                            break;
+                                        }
                                         messages.push(rq.into());
                                     }
                                 }
@@ -338,9 +412,16 @@ impl Server {
                         }));
                     }
 
+                    // sluice patch: upstream ended the accept thread on any error
+                    // (e.g. out of file descriptors), leaving a live server that
+                    // accepts nothing. Errors that pass are waited out; the others
+                    // end it visibly (`Server::is_accepting`).
+                    Err(e) if accept_error_passes(&e) => {
+                        log::error!("Error accepting new client (retrying): {}", e);
+                        thread::sleep(Duration::from_millis(50));
+                    }
                     Err(e) => {
                         log::error!("Error accepting new client: {}", e);
-                        inside_messages.push(e.into());
                         break;
                     }
                 }
@@ -350,10 +431,18 @@ impl Server {
 
         // result
         Ok(Server {
+            accepting,
             messages,
             close: close_trigger,
             listening_addr: local_addr,
         })
+    }
+
+    /// sluice patch: false once the accept thread has stopped (the listener
+    /// failed for good, or the server is closing): no new connection will be
+    /// accepted.
+    pub fn is_accepting(&self) -> bool {
+        self.accepting.load(Relaxed)
     }
 
     /// Returns an iterator for all the incoming requests.
@@ -442,4 +531,18 @@ impl Drop for Server {
             }
         }
     }
+}
+
+/// sluice patch: accept errors that pass (a connection reset before it was
+/// accepted, descriptors or memory exhausted for now, a signal).
+fn accept_error_passes(e: &IoError) -> bool {
+    use std::io::ErrorKind as K;
+    if matches!(
+        e.kind(),
+        K::ConnectionAborted | K::ConnectionReset | K::Interrupted | K::WouldBlock | K::TimedOut
+    ) {
+        return true;
+    }
+    // EMFILE 24, ENFILE 23, ENOBUFS 105, ENOMEM 12, EPROTO 71, EPERM 1 (Linux)
+    matches!(e.raw_os_error(), Some(24 | 23 | 105 | 12 | 71 | 1))
 }

@@ -299,6 +299,51 @@ impl Request {
         self.remote_addr.as_ref()
     }
 
+    /// sluice patch: reads the whole body (at most `max` bytes, more only to
+    /// see that it is larger) into memory, within `total` and the socket's
+    /// read timeout, so that whoever handles the request never waits on a slow
+    /// sender. A body declared larger than `max` is left unread (the handler
+    /// refuses it from its `Content-Length`). Err is the status to answer.
+    pub(crate) fn preread_body(
+        &mut self,
+        max: usize,
+        total: Option<std::time::Duration>,
+    ) -> Result<(), u16> {
+        if max == 0 || self.body_length.is_some_and(|n| n > max) {
+            return Ok(());
+        }
+        let start = std::time::Instant::now();
+        let limit = self.body_length.unwrap_or(max + 1);
+        let mut body = Vec::with_capacity(limit.min(64 * 1024));
+        let mut chunk = [0u8; 8192];
+        let reader = self.as_reader();
+        while body.len() < limit {
+            let want = (limit - body.len()).min(chunk.len());
+            match reader.read(&mut chunk[..want]) {
+                Ok(0) => break,
+                Ok(n) => body.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(408)
+                }
+                Err(_) => return Err(400),
+            }
+            if total.is_some_and(|t| start.elapsed() > t) {
+                return Err(408);
+            }
+        }
+        if self.body_length.is_some_and(|n| body.len() < n) {
+            return Err(400); // the client closed before sending what it declared
+        }
+        self.data_reader = Some(Box::new(io::Cursor::new(body)));
+        Ok(())
+    }
+
     /// sluice patch: a duplicate of the connection's socket (plain TCP or Unix
     /// socket; `None` over TLS), taken when the request was read, so it stays
     /// valid whatever the connection does meanwhile. For probing whether the

@@ -3,6 +3,9 @@ use std::io::Result as IoResult;
 use std::sync::mpsc::channel;
 use std::sync::mpsc::{Receiver, Sender};
 
+/// sluice patch: the most of an unread body that is drained to keep a
+/// connection alive.
+const DRAIN_BYTES_MAX: usize = 1024 * 1024;
 /// Buffer used to read and discard an unread body (sluice patch).
 const DRAIN_BUFFER_BYTES: usize = 64 * 1024;
 
@@ -68,6 +71,14 @@ where
 {
     fn drop(&mut self) {
         let mut remaining_to_read = self.size;
+        // sluice patch: a body too large to be worth reading (one the server
+        // refused from its Content-Length) is not drained at all: the connection
+        // is closed instead, so a client cannot hold the thread by sending it.
+        if remaining_to_read > DRAIN_BYTES_MAX {
+            let e = std::io::Error::new(std::io::ErrorKind::Other, "request body not drained");
+            self.last_read_signal.send(Err(e)).ok();
+            return;
+        }
         // sluice patch: drain through a fixed buffer. Upstream allocated the whole
         // remaining declared length at once, so one request declaring a huge
         // Content-Length made the server allocate that much when it was refused.

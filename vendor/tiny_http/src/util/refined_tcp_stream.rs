@@ -89,13 +89,20 @@ pub struct RefinedTcpStream {
 }
 
 impl RefinedTcpStream {
-    pub(crate) fn new<S>(stream: S) -> (RefinedTcpStream, RefinedTcpStream)
+    /// sluice patch: fallible. Cloning a socket takes a file descriptor, and
+    /// upstream's `unwrap` on it killed the accept thread when they ran out.
+    pub(crate) fn new<S>(stream: S) -> IoResult<(RefinedTcpStream, RefinedTcpStream)>
     where
         S: Into<Stream>,
     {
         let stream: Stream = stream.into();
 
-        let (read, write) = (stream.clone(), stream);
+        let read = match &stream {
+            Stream::Http(c) => Stream::Http(c.try_clone()?),
+            #[cfg(any(feature = "ssl-openssl", feature = "ssl-rustls"))]
+            Stream::Https(s) => Stream::Https(s.clone()),
+        };
+        let (read, write) = (read, stream);
 
         let read = RefinedTcpStream {
             stream: read,
@@ -109,7 +116,7 @@ impl RefinedTcpStream {
             close_write: true,
         };
 
-        (read, write)
+        Ok((read, write))
     }
 
     /// Returns true if this struct wraps around a secure connection.
