@@ -2,19 +2,8 @@
 //! stage can say no, in time, in the right units. `main` only maps the result of
 //! `app::run` to an exit code.
 
-mod admission;
-mod app;
-mod calibrate;
-mod config;
-mod engine;
-mod http;
-mod metrics;
-mod notify;
-mod prompt;
-mod stream;
-
 fn main() {
-    match app::run() {
+    match sluice::app::run() {
         Ok(()) => {}
         Err(message) => {
             eprintln!("sluice: error: {message}");

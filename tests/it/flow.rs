@@ -54,15 +54,7 @@ fn a_non_streaming_request_whose_client_leaves_is_cancelled() {
     let srv = Server::start(&["--parallel", "2"]);
     let body = json!({"prompt": "Once upon a time", "max_tokens": 4000,
                       "ignore_eos": true, "temperature": 0});
-    let mut s = connect(srv.addr);
-    http::write_request(
-        &mut s,
-        "POST",
-        "/v1/completions",
-        Some(body.to_string().as_bytes()),
-        &[("Content-Type", "application/json")],
-    )
-    .expect("send");
+    let s = send_json(srv.addr, "/v1/completions", &body);
     wait_until(Duration::from_secs(60), "generation to start", || {
         srv.metric("sluice_tokens_generated_total") > 0.0
     });
@@ -83,15 +75,7 @@ fn a_client_that_leaves_during_a_long_prefill_stops_it_before_it_finishes() {
     let srv = Server::start(&[]);
     let prompt = long_prompt(300);
     let body = json!({"prompt": prompt, "stream": true, "max_tokens": 8, "temperature": 0});
-    let mut s = connect(srv.addr);
-    http::write_request(
-        &mut s,
-        "POST",
-        "/v1/completions",
-        Some(body.to_string().as_bytes()),
-        &[("Content-Type", "application/json")],
-    )
-    .expect("send");
+    let s = send_json(srv.addr, "/v1/completions", &body);
     // The prefill is under way once the engine has prefilled a chunk of it.
     wait_until(Duration::from_secs(120), "the prefill to start", || {
         srv.metric("sluice_prefill_tokens_total") > 0.0

@@ -191,6 +191,20 @@ pub fn connect(addr: SocketAddr) -> TcpStream {
     http::connect(addr, SOCKET_TIMEOUT).expect("connect")
 }
 
+/// Sends a JSON POST on a new connection and returns it with the response unread.
+pub fn send_json(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
+    let mut s = connect(addr);
+    http::write_request(
+        &mut s,
+        "POST",
+        path,
+        Some(body.to_string().as_bytes()),
+        &[("Content-Type", "application/json")],
+    )
+    .expect("send");
+    s
+}
+
 pub fn request(
     addr: SocketAddr,
     method: &str,

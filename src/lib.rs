@@ -1,0 +1,13 @@
+//! sluice's code as a library: the binary (`main.rs`) only runs `app::run`;
+//! the fuzz target (`fuzz/`) reaches request validation through `http`.
+
+mod admission;
+pub mod app;
+mod calibrate;
+mod config;
+mod engine;
+pub mod http;
+mod metrics;
+mod notify;
+mod prompt;
+mod stream;
