@@ -266,28 +266,32 @@ impl Engine {
     /// Tokens the next step may hold: fixed by `--step-tokens`, or the decode
     /// tokens plus the prefill the ITL target leaves room for.
     fn step_budget(&self, views: &[SeqView]) -> usize {
-        let budget = match self.cfg.step_tokens {
-            Some(n) => n,
-            None => {
-                let n_decode = views.iter().filter(|v| v.phase == Phase::Decode).count();
-                // Priced at the dearest prompt being prefilled: the planner may
-                // give it the whole budget.
-                let s_per_token = views
-                    .iter()
-                    .filter(|v| matches!(v.phase, Phase::Prefill { .. }))
-                    .filter_map(|v| self.slots[v.slot].as_ref())
-                    .map(|s| self.cost.chunk_s_per_token(&s.chunk(0)))
-                    .fold(self.cost.prefill_s_per_token(), f64::max);
-                n_decode
-                    + self.cost.prefill_budget(
-                        n_decode,
-                        s_per_token,
-                        self.cfg.itl_target,
-                        self.cfg.n_batch,
-                    )
-            }
-        };
+        let n_decode = views.iter().filter(|v| v.phase == Phase::Decode).count();
+        // Priced at the dearest prompt being prefilled: the planner may give it
+        // the whole budget.
+        let s_per_token = views
+            .iter()
+            .filter(|v| matches!(v.phase, Phase::Prefill { .. }))
+            .filter_map(|v| self.slots[v.slot].as_ref())
+            .map(|s| self.cost.chunk_s_per_token(&s.chunk(0)))
+            .fold(self.cost.prefill_s_per_token(), f64::max);
+        let budget = n_decode + self.prefill_per_step(n_decode, s_per_token);
         budget.clamp(views.len().max(1), self.cfg.n_batch)
+    }
+
+    /// Prompt tokens a step takes beside `n_decode` decode tokens: what the
+    /// fixed `--step-tokens` leaves, or what the ITL target allows at
+    /// `s_per_token`.
+    fn prefill_per_step(&self, n_decode: usize, s_per_token: f64) -> usize {
+        match self.cfg.step_tokens {
+            Some(n) => n.saturating_sub(n_decode).max(1),
+            None => self.cost.prefill_budget(
+                n_decode,
+                s_per_token,
+                self.cfg.itl_target,
+                self.cfg.n_batch,
+            ),
+        }
     }
 
     /// Sequences that will take a decode token in the coming steps.
@@ -316,15 +320,7 @@ impl Engine {
     /// now and `prompt_tokens` (its own, and those ahead of it) were prefilled.
     fn prefill_forecast(&self, prompt_tokens: usize) -> Duration {
         let n_decode = self.n_decoding();
-        let budget = match self.cfg.step_tokens {
-            Some(n) => n.saturating_sub(n_decode).max(1),
-            None => self.cost.prefill_budget(
-                n_decode,
-                self.cost.prefill_s_per_token(),
-                self.cfg.itl_target,
-                self.cfg.n_batch,
-            ),
-        };
+        let budget = self.prefill_per_step(n_decode, self.cost.prefill_s_per_token());
         let s = self.cost.prefill_time_s(prompt_tokens, n_decode, budget);
         Duration::from_secs_f64(s.clamp(0.0, 86_400.0))
     }
@@ -802,11 +798,7 @@ impl Engine {
         }
         seq.pause.drained();
         if gone {
-            // The handler stopped listening; it says why, or the client left.
-            seq.job.cancel.cancel(
-                CancelReason::Disconnect,
-                self.metrics.steps.load(Ordering::Relaxed),
-            );
+            // The handler stopped listening; it said why, or the client left.
             let reason = seq.job.cancel.reason().unwrap_or(CancelReason::Disconnect);
             self.cancel(ctx, slot, reason);
         } else if seq.done {
@@ -824,19 +816,17 @@ impl Engine {
             let Some(seq) = self.slots[slot].as_ref() else {
                 continue;
             };
-            if shutdown {
-                seq.job.cancel.cancel(
-                    CancelReason::Shutdown,
-                    self.metrics.steps.load(Ordering::Relaxed),
-                );
-            }
-            if seq.pause.stalled(now, self.cfg.stall_timeout) {
-                seq.job.cancel.cancel(
-                    CancelReason::Stall,
-                    self.metrics.steps.load(Ordering::Relaxed),
-                );
-            }
-            if let Some(reason) = seq.job.cancel.reason() {
+            // A reason the handler gave first stays (`cancel` stamps the rest).
+            let reason = seq
+                .job
+                .cancel
+                .reason()
+                .or(shutdown.then_some(CancelReason::Shutdown))
+                .or(seq
+                    .pause
+                    .stalled(now, self.cfg.stall_timeout)
+                    .then_some(CancelReason::Stall));
+            if let Some(reason) = reason {
                 self.cancel(ctx, slot, reason);
             }
         }

@@ -44,7 +44,7 @@ fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
                 let body = json!({"prompt": format!("Request {i}: count to a thousand."), "max_tokens": 200,
                                   "ignore_eos": true, "temperature": 0});
                 barrier.wait();
-                request(addr, "POST", "/v1/completions", Some(body.to_string().as_bytes()), &[("Content-Type", "application/json")])
+                post_json(addr, "/v1/completions", &body)
             })
         })
         .collect();
@@ -102,15 +102,7 @@ fn a_prompt_over_the_queued_token_budget_is_refused_while_a_short_one_is_admitte
     let short = |tag: &str| {
         let addr = srv.addr;
         let body = json!({"prompt": format!("Short {tag}."), "max_tokens": 4, "temperature": 0});
-        std::thread::spawn(move || {
-            request(
-                addr,
-                "POST",
-                "/v1/completions",
-                Some(body.to_string().as_bytes()),
-                &[("Content-Type", "application/json")],
-            )
-        })
+        std::thread::spawn(move || post_json(addr, "/v1/completions", &body))
     };
     let first = short("one");
     wait_until(
@@ -230,13 +222,12 @@ fn under_sustained_overload_readyz_turns_503_and_back_while_livez_stays_200() {
             let (stop, shed, addr) = (Arc::clone(&stop), Arc::clone(&shed), srv.addr);
             std::thread::spawn(move || {
                 let body = json!({"prompt": format!("Client {i}: count."), "max_tokens": 40, "ignore_eos": true});
-                let body = body.to_string();
                 // Bounded: each client stops when told, or after 400 requests.
                 for _ in 0..400 {
                     if stop.load(Ordering::Relaxed) {
                         break;
                     }
-                    let r = request(addr, "POST", "/v1/completions", Some(body.as_bytes()), &[("Content-Type", "application/json")]);
+                    let r = post_json(addr, "/v1/completions", &body);
                     match r.status {
                         200 => {}
                         503 => {
@@ -312,15 +303,7 @@ fn past_the_sojourn_target_only_requests_that_can_still_meet_w_max_start() {
     let send = |prompt: String| {
         let addr = srv.addr;
         let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
-        std::thread::spawn(move || {
-            request(
-                addr,
-                "POST",
-                "/v1/completions",
-                Some(body.to_string().as_bytes()),
-                &[("Content-Type", "application/json")],
-            )
-        })
+        std::thread::spawn(move || post_json(addr, "/v1/completions", &body))
     };
     // About 3,000 prompt tokens: seconds of prefill on a CPU, far past what is
     // left of the budget once it has waited; then a short one.

@@ -341,15 +341,7 @@ fn a_prompt_alone_takes_whole_chunks_and_beside_a_stream_only_what_the_itl_targe
     assert!(stream.next_json().is_some());
     let mixed = srv.metric("sluice_steps_mixed_total");
     let addr = srv.addr;
-    let sender = std::thread::spawn(move || {
-        request(
-            addr,
-            "POST",
-            "/v1/completions",
-            Some(long.to_string().as_bytes()),
-            &[("Content-Type", "application/json")],
-        )
-    });
+    let sender = std::thread::spawn(move || post_json(addr, "/v1/completions", &long));
     let mut budget_min = f64::MAX;
     while !sender.is_finished() {
         // Keep reading, so the stream never pauses; watch the planned budget.

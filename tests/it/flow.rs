@@ -164,13 +164,7 @@ fn a_slow_reader_pauses_its_own_sequence_and_is_cancelled_after_the_stall_timeou
     // Meanwhile a normal stream runs to its end.
     let normal = json!({"prompt": "Count to ten.", "stream": true, "max_tokens": 64,
                         "ignore_eos": true, "temperature": 0});
-    let r = request(
-        srv.addr,
-        "POST",
-        "/v1/completions",
-        Some(normal.to_string().as_bytes()),
-        &[("Content-Type", "application/json")],
-    );
+    let r = post_json(srv.addr, "/v1/completions", &normal);
     assert_eq!(r.status, 200);
     let normal_text = String::from_utf8_lossy(&r.body).into_owned();
     assert!(

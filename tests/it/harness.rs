@@ -145,13 +145,7 @@ impl Server {
     }
 
     pub fn post(&self, path: &str, body: &Value) -> Response {
-        request(
-            self.addr,
-            "POST",
-            path,
-            Some(body.to_string().as_bytes()),
-            &[("Content-Type", "application/json")],
-        )
+        post_json(self.addr, path, body)
     }
 }
 
@@ -203,6 +197,18 @@ pub fn send_json(addr: SocketAddr, path: &str, body: &Value) -> TcpStream {
     )
     .expect("send");
     s
+}
+
+/// A JSON POST on a new connection; the whole response. (`Server::post` for
+/// threads that cannot borrow the server.)
+pub fn post_json(addr: SocketAddr, path: &str, body: &Value) -> Response {
+    request(
+        addr,
+        "POST",
+        path,
+        Some(body.to_string().as_bytes()),
+        &[("Content-Type", "application/json")],
+    )
 }
 
 pub fn request(
