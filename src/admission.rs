@@ -17,10 +17,17 @@
 //! and the token budget from them. A channel's capacity is fixed at creation,
 //! so it is sized for the highest L_max the gate may ever allow (9, or the
 //! operator's `--queue-depth`); the gate enforces the live one below it.
+//!
+//! Each priority class (`priority::Class`) has its own queue, gate and bounds,
+//! derived from its own W_max (`--queue-wait-ms` for interactive,
+//! `--batch-queue-wait-ms` for batch), so a flood of batch work fills only its
+//! own queue and is refused there, while interactive requests are still
+//! admitted. Which queue the engine serves first is `priority::Picker`'s rule.
 
 use crate::engine::Job;
 use crate::http::error::{ApiError, QueueBound};
 use crate::metrics::Metrics;
+use crate::priority::Class;
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -115,55 +122,77 @@ pub fn retry_after_s(queued: usize, queued_tokens: usize, rates: Rates, bounds: 
     (by_count.max(by_tokens).ceil() as u64).max(RETRY_AFTER_S_MIN)
 }
 
-/// What is in the system now.
+/// What is in the system now, per class (`Class::index`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Load {
-    /// Admitted and not yet ended: running in a slot, or waiting for one.
-    requests: usize,
-    /// Of those, the ones in a slot.
-    running: usize,
+    /// In a slot.
+    running: [usize; Class::COUNT],
+    /// Admitted and waiting for a slot.
+    waiting: [usize; Class::COUNT],
     /// Prompt tokens of the ones waiting.
-    waiting_tokens: usize,
+    waiting_tokens: [usize; Class::COUNT],
 }
 
 impl Load {
-    fn waiting(&self) -> usize {
-        self.requests - self.running
+    fn running_total(&self) -> usize {
+        self.running.iter().sum()
+    }
+
+    /// Requests and prompt tokens that wait ahead of a new request of `class`:
+    /// those of its own class and of every class above it.
+    fn ahead_of(&self, class: Class) -> (usize, usize) {
+        let n = class.index() + 1;
+        (
+            self.waiting[..n].iter().sum(),
+            self.waiting_tokens[..n].iter().sum(),
+        )
     }
 }
 
-/// The gate's view of the queue, shared with the engine, which reports when a
+/// The gate's view of the queues, shared with the engine, which reports when a
 /// request gets its slot and when it leaves it, and publishes the rates it
-/// measures. A request is refused when the requests running plus waiting would
-/// exceed the slots (`--parallel`) plus L_max, or when the prompt tokens
-/// waiting would exceed their budget.
+/// measures. A request of a class is refused when its class's waiting requests
+/// would exceed the slots it could take now plus its L_max, or when its class's
+/// waiting prompt tokens would exceed their budget.
+///
+/// The slots a class could take now: for `interactive`, the free ones; for
+/// `batch`, the free ones that interactive requests waiting do not take, and no
+/// more than batch may hold (`--parallel` minus `--interactive-slots`).
 pub struct QueueGauge {
     state: Mutex<State>,
     slots: usize,
-    policy: Policy,
+    batch_slots: usize,
+    policies: [Policy; Class::COUNT],
     /// Readable without the lock (for `/metrics`).
-    waiting: AtomicUsize,
-    waiting_tokens: AtomicUsize,
+    waiting: [AtomicUsize; Class::COUNT],
+    waiting_tokens: [AtomicUsize; Class::COUNT],
 }
 
 struct State {
     load: Load,
     rates: Rates,
-    bounds: Bounds,
+    bounds: [Bounds; Class::COUNT],
 }
 
 impl QueueGauge {
-    fn new(slots: usize, rates: Rates, policy: Policy) -> QueueGauge {
+    fn new(
+        slots: usize,
+        batch_slots: usize,
+        rates: Rates,
+        policies: [Policy; Class::COUNT],
+    ) -> QueueGauge {
+        assert!(batch_slots >= 1 && batch_slots <= slots);
         QueueGauge {
             state: Mutex::new(State {
                 load: Load::default(),
                 rates,
-                bounds: derive_bounds(rates, &policy),
+                bounds: policies.map(|p| derive_bounds(rates, &p)),
             }),
             slots,
-            policy,
-            waiting: AtomicUsize::new(0),
-            waiting_tokens: AtomicUsize::new(0),
+            batch_slots,
+            policies,
+            waiting: Default::default(),
+            waiting_tokens: Default::default(),
         }
     }
 
@@ -171,67 +200,89 @@ impl QueueGauge {
         self.state.lock().expect("queue gauge lock")
     }
 
-    /// Reserves a place for a request of `prompt_tokens`, or says which bound it
-    /// breaks (with what is waiting, and the bounds and rates it was judged by).
-    /// A prompt larger than the whole token budget is admitted only when nothing
-    /// waits: otherwise it could never be served.
-    fn reserve(&self, prompt_tokens: usize) -> Result<(), Refusal> {
+    /// Slots a new request of `class` could take at once.
+    fn free_for(&self, l: &Load, class: Class) -> usize {
+        let free = self.slots.saturating_sub(l.running_total());
+        match class {
+            Class::Interactive => free,
+            Class::Batch => free
+                .saturating_sub(l.waiting[Class::Interactive.index()])
+                .min(
+                    self.batch_slots
+                        .saturating_sub(l.running[Class::Batch.index()]),
+                ),
+        }
+    }
+
+    /// Reserves a place for a request of `class` and `prompt_tokens`, or says
+    /// which bound it breaks (with what is waiting ahead of it, and the bounds
+    /// and rates it was judged by). A prompt larger than the whole token budget
+    /// is admitted only when nothing of its class waits: otherwise it could
+    /// never be served.
+    fn reserve(&self, class: Class, prompt_tokens: usize) -> Result<(), Refusal> {
         let mut s = self.lock();
         let l = s.load;
+        let c = class.index();
+        let bounds = s.bounds[c];
+        let (ahead, ahead_tokens) = l.ahead_of(class);
         let refuse = |bound| Refusal {
             bound,
-            waiting: l.waiting(),
-            waiting_tokens: l.waiting_tokens,
+            waiting: ahead,
+            waiting_tokens: ahead_tokens,
             rates: s.rates,
-            bounds: s.bounds,
+            bounds,
         };
-        if l.requests >= self.slots + s.bounds.queue_depth_max {
+        let free = self.free_for(&l, class);
+        if l.waiting[c] >= free + bounds.queue_depth_max {
             return Err(refuse(QueueBound::Requests));
         }
         // Free slots take the request at once: only the part that must wait counts.
-        let would_wait = l.requests >= self.slots;
+        let would_wait = l.waiting[c] >= free;
         if would_wait
-            && l.waiting() > 0
-            && l.waiting_tokens + prompt_tokens > s.bounds.queued_tokens_max
+            && l.waiting[c] > 0
+            && l.waiting_tokens[c] + prompt_tokens > bounds.queued_tokens_max
         {
             return Err(refuse(QueueBound::Tokens));
         }
-        s.load.requests += 1;
-        s.load.waiting_tokens += prompt_tokens;
+        s.load.waiting[c] += 1;
+        s.load.waiting_tokens[c] += prompt_tokens;
         self.publish(&s.load);
         Ok(())
     }
 
-    /// A request left the queue for a slot.
-    pub fn started(&self, prompt_tokens: usize) {
+    /// A request left its queue for a slot.
+    pub fn started(&self, class: Class, prompt_tokens: usize) {
         let mut s = self.lock();
+        let c = class.index();
         let l = &mut s.load;
         assert!(
-            l.waiting() > 0 && l.waiting_tokens >= prompt_tokens,
+            l.waiting[c] > 0 && l.waiting_tokens[c] >= prompt_tokens,
             "start without reserve"
         );
-        l.running += 1;
-        l.waiting_tokens -= prompt_tokens;
+        l.running[c] += 1;
+        l.waiting[c] -= 1;
+        l.waiting_tokens[c] -= prompt_tokens;
         self.publish(&s.load);
     }
 
     /// A running request ended (completed, failed or cancelled) and freed its slot.
-    pub fn finished(&self) {
+    pub fn finished(&self, class: Class) {
         let mut s = self.lock();
         let l = &mut s.load;
-        assert!(l.running > 0, "finish without start");
-        l.running -= 1;
-        l.requests -= 1;
+        assert!(l.running[class.index()] > 0, "finish without start");
+        l.running[class.index()] -= 1;
         self.publish(&s.load);
     }
 
     /// A reserved request left without a slot: it never reached the engine, or
     /// the engine refused it at dequeue (shed, deadline passed).
-    pub fn dropped(&self, prompt_tokens: usize) {
+    pub fn dropped(&self, class: Class, prompt_tokens: usize) {
         let mut s = self.lock();
+        let c = class.index();
         let l = &mut s.load;
-        l.requests -= 1;
-        l.waiting_tokens -= prompt_tokens;
+        assert!(l.waiting[c] > 0, "drop without reserve");
+        l.waiting[c] -= 1;
+        l.waiting_tokens[c] -= prompt_tokens;
         self.publish(&s.load);
     }
 
@@ -239,34 +290,37 @@ impl QueueGauge {
     pub fn set_rates(&self, rates: Rates) {
         let mut s = self.lock();
         s.rates = rates;
-        s.bounds = derive_bounds(rates, &self.policy);
+        s.bounds = self.policies.map(|p| derive_bounds(rates, &p));
     }
 
-    /// The rates and the bounds in force now.
-    pub fn snapshot(&self) -> (Rates, Bounds) {
+    /// The rates and each class's bounds in force now.
+    pub fn snapshot(&self) -> (Rates, [Bounds; Class::COUNT]) {
         let s = self.lock();
         (s.rates, s.bounds)
     }
 
-    /// Seconds a client refused now should wait (for 503s sent by the engine).
-    pub fn retry_after_s(&self) -> u64 {
+    /// Seconds a client of `class` refused now should wait (for 503s sent by
+    /// the engine).
+    pub fn retry_after_s(&self, class: Class) -> u64 {
         let s = self.lock();
-        retry_after_s(s.load.waiting(), s.load.waiting_tokens, s.rates, s.bounds)
+        let (ahead, tokens) = s.load.ahead_of(class);
+        retry_after_s(ahead, tokens, s.rates, s.bounds[class.index()])
     }
 
     fn publish(&self, l: &Load) {
-        self.waiting.store(l.waiting(), Ordering::Relaxed);
-        self.waiting_tokens
-            .store(l.waiting_tokens, Ordering::Relaxed);
+        for c in 0..Class::COUNT {
+            self.waiting[c].store(l.waiting[c], Ordering::Relaxed);
+            self.waiting_tokens[c].store(l.waiting_tokens[c], Ordering::Relaxed);
+        }
     }
 
-    /// Requests waiting for a slot.
-    pub fn queued_requests(&self) -> usize {
-        self.waiting.load(Ordering::Relaxed)
+    /// Requests of `class` waiting for a slot.
+    pub fn queued_requests(&self, class: Class) -> usize {
+        self.waiting[class.index()].load(Ordering::Relaxed)
     }
 
-    pub fn queued_tokens(&self) -> usize {
-        self.waiting_tokens.load(Ordering::Relaxed)
+    pub fn queued_tokens(&self, class: Class) -> usize {
+        self.waiting_tokens[class.index()].load(Ordering::Relaxed)
     }
 }
 
@@ -280,46 +334,64 @@ struct Refusal {
     bounds: Bounds,
 }
 
+/// Each class's queue, for the engine: receivers indexed by `Class::index`.
+pub type Queues = [Receiver<Job>; Class::COUNT];
+
 pub struct Admission {
-    tx: Sender<Job>,
+    tx: [Sender<Job>; Class::COUNT],
     gauge: Arc<QueueGauge>,
     metrics: Arc<Metrics>,
 }
 
 impl Admission {
-    /// Creates the queue; the receiver and the gauge go to the engine. The gate
-    /// never lets more than the slots plus the live L_max in, and L_max never
-    /// exceeds its ceiling, so the channel, sized for the ceiling, never refuses
-    /// a request the gate admitted.
+    /// Creates one queue per class; the receivers and the gauge go to the
+    /// engine. The gate never lets more of a class wait than the slots plus its
+    /// live L_max, and L_max never exceeds its ceiling, so each channel, sized
+    /// for the ceiling, never refuses a request the gate admitted.
     pub fn new(
         slots: usize,
+        batch_slots: usize,
         rates: Rates,
-        policy: Policy,
+        policies: [Policy; Class::COUNT],
         metrics: Arc<Metrics>,
-    ) -> (Admission, Receiver<Job>, Arc<QueueGauge>) {
-        let ceiling = policy.queue_depth_ceiling();
-        assert!(ceiling >= 1 && slots >= 1);
-        let (tx, rx) = bounded(slots + ceiling);
-        let gauge = Arc::new(QueueGauge::new(slots, rates, policy));
+    ) -> (Admission, Queues, Arc<QueueGauge>) {
+        assert!(slots >= 1);
+        let channels = policies.map(|p| {
+            let ceiling = p.queue_depth_ceiling();
+            assert!(ceiling >= 1);
+            bounded(slots + ceiling)
+        });
+        let [(tx_i, rx_i), (tx_b, rx_b)] = channels;
+        let gauge = Arc::new(QueueGauge::new(slots, batch_slots, rates, policies));
         let admission = Admission {
-            tx,
+            tx: [tx_i, tx_b],
             gauge: Arc::clone(&gauge),
             metrics,
         };
-        (admission, rx, gauge)
+        (admission, [rx_i, rx_b], gauge)
     }
 
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
         let tokens = job.prompt.len();
-        if let Err(r) = self.gauge.reserve(tokens) {
-            let counter = match r.bound {
-                QueueBound::Requests => &self.metrics.rejected_queue_full,
-                QueueBound::Tokens => &self.metrics.rejected_token_budget,
+        let class = job.class;
+        let counters = self.metrics.class(class);
+        if let Err(r) = self.gauge.reserve(class, tokens) {
+            let (counter, by_class) = match r.bound {
+                QueueBound::Requests => (
+                    &self.metrics.rejected_queue_full,
+                    &counters.rejected_queue_full,
+                ),
+                QueueBound::Tokens => (
+                    &self.metrics.rejected_token_budget,
+                    &counters.rejected_token_budget,
+                ),
             };
             counter.fetch_add(1, Ordering::Relaxed);
+            by_class.fetch_add(1, Ordering::Relaxed);
             let wait = retry_after_s(r.waiting, r.waiting_tokens, r.rates, r.bounds);
             return Err(ApiError::QueueFull {
                 bound: r.bound,
+                class,
                 queued: r.waiting,
                 queue_depth_max: r.bounds.queue_depth_max,
                 queued_tokens: r.waiting_tokens,
@@ -328,15 +400,16 @@ impl Admission {
                 retry_after_s: wait,
             });
         }
-        match self.tx.try_send(job) {
+        match self.tx[class.index()].try_send(job) {
             Ok(()) => {
                 self.metrics.accepted.fetch_add(1, Ordering::Relaxed);
+                counters.admitted.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             // The gate keeps the channel below its capacity, so only a stopped
             // engine gets here.
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.gauge.dropped(tokens);
+                self.gauge.dropped(class, tokens);
                 Err(ApiError::Engine {
                     message: "the engine is not taking requests".into(),
                 })
@@ -427,46 +500,52 @@ mod tests {
             queued_tokens_max: Some(tokens),
             ..policy(5000, Some(depth))
         };
-        QueueGauge::new(slots, RATES, p)
+        QueueGauge::new(slots, slots, RATES, [p, p])
     }
+
+    const I: Class = Class::Interactive;
+    const B: Class = Class::Batch;
 
     #[test]
     fn free_slots_and_the_queue_are_both_capacity() {
         let g = gauge(2, 3, 1000);
         for _ in 0..5 {
-            assert!(g.reserve(10).is_ok());
+            assert!(g.reserve(I, 10).is_ok());
         }
         assert_eq!(
-            g.reserve(10).unwrap_err().bound,
+            g.reserve(I, 10).unwrap_err().bound,
             QueueBound::Requests,
             "2 slots + 3 queued"
         );
-        g.started(10);
-        g.started(10);
-        assert_eq!(g.queued_requests(), 3);
-        g.finished();
-        assert!(g.reserve(10).is_ok(), "a finished request frees its place");
+        g.started(I, 10);
+        g.started(I, 10);
+        assert_eq!(g.queued_requests(I), 3);
+        g.finished(I);
+        assert!(
+            g.reserve(I, 10).is_ok(),
+            "a finished request frees its place"
+        );
     }
 
     #[test]
     fn the_token_budget_counts_only_prompts_that_must_wait() {
         let g = gauge(1, 3, 1000);
         assert!(
-            g.reserve(5000).is_ok(),
+            g.reserve(I, 5000).is_ok(),
             "a free slot takes any prompt that fits the context"
         );
-        g.started(5000);
-        assert!(g.reserve(600).is_ok());
+        g.started(I, 5000);
+        assert!(g.reserve(I, 600).is_ok());
         assert_eq!(
-            g.reserve(500).unwrap_err().bound,
+            g.reserve(I, 500).unwrap_err().bound,
             QueueBound::Tokens,
             "600 + 500 > 1000"
         );
-        assert!(g.reserve(400).is_ok(), "a short one still fits");
-        assert_eq!(g.queued_tokens(), 1000);
-        assert!(g.reserve(0).is_ok(), "a third may wait");
+        assert!(g.reserve(I, 400).is_ok(), "a short one still fits");
+        assert_eq!(g.queued_tokens(I), 1000);
+        assert!(g.reserve(I, 0).is_ok(), "a third may wait");
         assert_eq!(
-            g.reserve(0).unwrap_err().bound,
+            g.reserve(I, 0).unwrap_err().bound,
             QueueBound::Requests,
             "1 running + 3 waiting"
         );
@@ -475,32 +554,32 @@ mod tests {
     #[test]
     fn a_prompt_over_the_whole_budget_waits_only_in_an_empty_queue() {
         let g = gauge(1, 3, 1000);
-        assert!(g.reserve(10).is_ok());
-        g.started(10);
-        assert!(g.reserve(6000).is_ok(), "nothing waits: it may");
-        assert_eq!(g.reserve(10).unwrap_err().bound, QueueBound::Tokens);
-        g.finished(); // the first request ends
-        g.started(6000); // the long one gets the slot
-        assert!(g.reserve(6000).is_ok(), "the queue is empty again");
+        assert!(g.reserve(I, 10).is_ok());
+        g.started(I, 10);
+        assert!(g.reserve(I, 6000).is_ok(), "nothing waits: it may");
+        assert_eq!(g.reserve(I, 10).unwrap_err().bound, QueueBound::Tokens);
+        g.finished(I); // the first request ends
+        g.started(I, 6000); // the long one gets the slot
+        assert!(g.reserve(I, 6000).is_ok(), "the queue is empty again");
     }
 
     #[test]
     fn the_live_bound_follows_the_measured_rates() {
         // Derived bounds: 1 slot, L_max = ceil(0.667 * 5) = 4.
-        let g = QueueGauge::new(1, RATES, policy(5000, None));
-        assert_eq!(g.snapshot().1.queue_depth_max, 4);
+        let g = QueueGauge::new(1, 1, RATES, [policy(5000, None); 2]);
+        assert_eq!(g.snapshot().1[0].queue_depth_max, 4);
         for _ in 0..5 {
-            assert!(g.reserve(10).is_ok());
+            assert!(g.reserve(I, 10).is_ok());
         }
         // The box got four times slower: L_max = ceil(0.167 * 5) = 1.
         g.set_rates(Rates {
             prefill_tok_s: 50.0,
             decode_tok_s: 37.5,
         });
-        let (_, b) = g.snapshot();
+        let b = g.snapshot().1[0];
         assert_eq!(b.queue_depth_max, 1);
         assert_eq!(b.queued_tokens_max, 250);
-        let r = g.reserve(10).unwrap_err();
+        let r = g.reserve(I, 10).unwrap_err();
         assert_eq!(r.bound, QueueBound::Requests, "5 in, 1 + 1 allowed");
         assert_eq!(r.bounds.queue_depth_max, 1, "judged by the live bound");
         // And faster than ever: clamped to 9, never above the channel's ceiling.
@@ -508,14 +587,66 @@ mod tests {
             prefill_tok_s: 5000.0,
             decode_tok_s: 3000.0,
         });
-        assert_eq!(g.snapshot().1.queue_depth_max, 9);
+        assert_eq!(g.snapshot().1[0].queue_depth_max, 9);
         for _ in 0..5 {
-            assert!(g.reserve(10).is_ok());
+            assert!(g.reserve(I, 10).is_ok());
         }
         assert_eq!(
-            g.reserve(10).unwrap_err().bound,
+            g.reserve(I, 10).unwrap_err().bound,
             QueueBound::Requests,
             "1 + 9"
         );
+    }
+
+    #[test]
+    fn each_class_has_its_own_queue_and_batch_leaves_the_reserved_slots_free() {
+        // 3 slots, batch may hold 2 of them; L_max 2 for each class.
+        let p = policy(5000, Some(2));
+        let g = QueueGauge::new(3, 2, RATES, [p, p]);
+        for _ in 0..4 {
+            assert!(g.reserve(B, 10).is_ok(), "2 batch slots + 2 waiting");
+        }
+        assert_eq!(g.reserve(B, 10).unwrap_err().bound, QueueBound::Requests);
+        g.started(B, 10);
+        g.started(B, 10);
+        assert_eq!(
+            g.reserve(B, 10).unwrap_err().bound,
+            QueueBound::Requests,
+            "the third slot is not batch's"
+        );
+        for _ in 0..3 {
+            assert!(g.reserve(I, 10).is_ok(), "1 free slot + 2 waiting");
+        }
+        let r = g.reserve(I, 10).unwrap_err();
+        assert_eq!(r.bound, QueueBound::Requests);
+        assert_eq!(r.waiting, 3, "batch waiting is not ahead of interactive");
+        assert_eq!(g.queued_requests(I), 3);
+        assert_eq!(g.queued_requests(B), 2);
+        assert_eq!(g.retry_after_s(B), 8, "5 ahead of batch at 0.667/s");
+    }
+
+    #[test]
+    fn interactive_requests_waiting_take_the_free_slots_before_batch() {
+        let p = policy(5000, Some(1));
+        let g = QueueGauge::new(2, 2, RATES, [p, p]);
+        assert!(g.reserve(I, 10).is_ok());
+        assert!(g.reserve(I, 10).is_ok());
+        assert!(
+            g.reserve(B, 10).is_ok(),
+            "no free slot left for it: it waits"
+        );
+        assert_eq!(
+            g.reserve(B, 10).unwrap_err().bound,
+            QueueBound::Requests,
+            "L_max 1 for batch"
+        );
+        g.dropped(B, 10);
+        g.started(I, 10);
+        g.finished(I);
+        g.started(I, 10);
+        g.finished(I);
+        assert!(g.reserve(B, 10).is_ok());
+        assert!(g.reserve(B, 10).is_ok());
+        assert!(g.reserve(B, 10).is_ok(), "2 free slots + 1 waiting");
     }
 }

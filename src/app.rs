@@ -1,17 +1,19 @@
 //! Start-up: parse the command line, load the model, wire the stages together.
 
-use crate::admission::{Admission, QueueGauge, Rates};
+use crate::admission::{Admission, QueueGauge, Queues, Rates};
 use crate::config::{Cli, Command, Config};
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
 use crate::engine::ffi::{self, Context, ContextParams, Model};
-use crate::engine::{self, EngineConfig, Job};
+use crate::engine::{self, EngineConfig};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
+use crate::priority::Class;
 use crate::prompt::{Prompter, Template};
+use crate::ratelimit::RateLimiter;
 use argh::FromArgs;
-use crossbeam_channel::{bounded, Receiver};
+use crossbeam_channel::bounded;
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -82,7 +84,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     // It calibrates, reports, and waits for its queue, which is sized from that.
     type Ready = Result<(usize, Option<Calibration>, Arc<ffi::AbortWatch>), String>;
     let (ready_tx, ready_rx) = bounded::<Ready>(1);
-    type Wiring = (Receiver<Job>, Arc<QueueGauge>, CostModel);
+    type Wiring = (Queues, Arc<QueueGauge>, CostModel);
     let (queue_tx, queue_rx) = bounded::<Wiring>(1);
     let engine_cfg = EngineConfig {
         parallel: cfg.parallel,
@@ -90,11 +92,14 @@ fn serve(cfg: Config) -> Result<(), String> {
         n_batch: cfg.n_batch(),
         step_tokens: cfg.step_tokens,
         itl_target: cfg.itl_target,
-        queue_wait: cfg.queue_wait,
+        queue_wait: Class::ALL.map(|c| cfg.queue_wait(c)),
         stall_timeout: cfg.stall_timeout,
         cpus: cfg.cpus.clone(),
         poll: cfg.poll,
-        shed: cfg.shed,
+        shed: Class::ALL.map(|c| cfg.shed(c)),
+        batch_slots: cfg.batch_slots(),
+        batch_kv_cells: cfg.batch_kv_cells(n_ctx),
+        batch_every: cfg.batch_every,
     };
     let calibrate = cfg.rates.is_none();
     let engine_thread = {
@@ -163,11 +168,16 @@ fn serve(cfg: Config) -> Result<(), String> {
         }
         (None, None) => unreachable!("the engine calibrates when no rates are given"),
     };
-    let policy = cfg.policy();
+    let policies = Class::ALL.map(|c| cfg.policy(c));
     let http_threads = cfg.http_threads()?;
-    let (admission, jobs, gauge) =
-        Admission::new(cfg.parallel, rates, policy, Arc::clone(&metrics));
-    let (_, bounds) = gauge.snapshot();
+    let (admission, jobs, gauge) = Admission::new(
+        cfg.parallel,
+        cfg.batch_slots(),
+        rates,
+        policies,
+        Arc::clone(&metrics),
+    );
+    let (_, [bounds, batch_bounds]) = gauge.snapshot();
     eprintln!(
         "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {}{} (mu_prefill {:.0} tok/s x W_max); refined online from every step",
         bounds.mu_req,
@@ -180,6 +190,31 @@ fn serve(cfg: Config) -> Result<(), String> {
         if cfg.queued_tokens_max.is_some() { " (set by --queued-tokens-max)" } else { "" },
         rates.prefill_tok_s
     );
+    eprintln!(
+        "sluice: priority: batch requests (X-Priority: batch) wait in their own queue: W_max = {} ms, L_max = {}, queued prompt tokens <= {}; they may hold {} of {} slots ({} kept for interactive) and {} KV cells; at least 1 start in {} goes to batch while both wait",
+        cfg.batch_queue_wait.as_millis(),
+        batch_bounds.queue_depth_max,
+        batch_bounds.queued_tokens_max,
+        cfg.batch_slots(),
+        cfg.parallel,
+        cfg.interactive_slots,
+        cfg.batch_kv_cells(n_ctx),
+        cfg.batch_every
+    );
+    match &cfg.api_keys {
+        Some(keys) => eprintln!(
+            "sluice: API keys: {} known (--api-key-file); requests without one get 401",
+            keys.len()
+        ),
+        None => eprintln!("sluice: API keys: none required"),
+    }
+    match cfg.client_limit {
+        Some(l) => eprintln!(
+            "sluice: rate limit per client (API key, or address): {} tokens of work/s, bucket {} tokens; {} clients kept at most",
+            l.rate_tok_s, l.burst, cfg.client_table_max
+        ),
+        None => eprintln!("sluice: rate limit per client: off, except for keys that set one"),
+    }
     match cfg.shed {
         Some((target, interval)) => eprintln!(
             "sluice: shedding: sojourn target {} ms over {} ms intervals (CoDel); past the target, a request starts only if its first token can come within W_max",
@@ -238,6 +273,14 @@ fn serve(cfg: Config) -> Result<(), String> {
             0 => n_ctx,
             t => n_ctx.min(t),
         },
+        batch_seq_tokens_max: {
+            let seq_max = match n_ctx_train {
+                0 => n_ctx,
+                t => n_ctx.min(t),
+            };
+            seq_max.min(cfg.batch_kv_cells(n_ctx))
+        },
+        limiter: RateLimiter::new(cfg.client_table_max),
         http_threads,
         next_id: AtomicU64::new(1),
         started_unix_s: SystemTime::now()

@@ -5,6 +5,9 @@
 //! at start-up, rather than somewhere in the hot path.
 
 use crate::admission::{Policy, Rates, Typical, QUEUE_DEPTH_SAFE_MAX};
+use crate::auth::KeyFile;
+use crate::priority::Class;
+use crate::ratelimit::Limit;
 use argh::FromArgs;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -34,7 +37,11 @@ impl Config {
     /// to stream (at the highest L_max the gate may allow) while health checks
     /// are still answered. Refuses a pool that could leave no thread for them.
     pub fn http_threads(&self) -> Result<usize, String> {
-        let busy_max = self.parallel + self.policy().queue_depth_ceiling();
+        let busy_max = self.parallel
+            + Class::ALL
+                .map(|c| self.policy(c).queue_depth_ceiling())
+                .iter()
+                .sum::<usize>();
         let n = self.http_threads.unwrap_or(busy_max + HTTP_SPARE_THREADS);
         check_range("--http-threads", n, busy_max + 1, 8192).map_err(|e| {
             format!("{e} (handlers of running and queued requests, plus one for /health)")
@@ -42,14 +49,44 @@ impl Config {
         Ok(n)
     }
 
-    /// How admission derives its bounds.
-    pub fn policy(&self) -> Policy {
+    /// How admission derives the bounds of a class.
+    pub fn policy(&self, class: Class) -> Policy {
         Policy {
             typical: self.typical,
-            queue_wait: self.queue_wait,
+            queue_wait: self.queue_wait(class),
             queue_depth: self.queue_depth,
             queued_tokens_max: self.queued_tokens_max,
         }
+    }
+
+    /// W_max of a class.
+    pub fn queue_wait(&self, class: Class) -> Duration {
+        match class {
+            Class::Interactive => self.queue_wait,
+            Class::Batch => self.batch_queue_wait,
+        }
+    }
+
+    /// CoDel's target and interval for a class: as given for interactive;
+    /// for batch, half its W_max and its W_max.
+    pub fn shed(&self, class: Class) -> Option<(Duration, Duration)> {
+        match class {
+            Class::Interactive => self.shed,
+            Class::Batch => self
+                .shed
+                .map(|_| (self.batch_queue_wait / 2, self.batch_queue_wait)),
+        }
+    }
+
+    /// Slots batch requests may hold.
+    pub fn batch_slots(&self) -> usize {
+        self.parallel - self.interactive_slots
+    }
+
+    /// KV cells batch requests may reserve in a context of `n_ctx`: all but
+    /// the reserved slots' share.
+    pub fn batch_kv_cells(&self, n_ctx: usize) -> usize {
+        n_ctx - self.interactive_slots * (n_ctx / self.parallel)
     }
 
     /// Tokens in llama.cpp's batch: the most one step may hold.
@@ -117,6 +154,34 @@ pub struct ServeArgs {
     /// machine serves in that time (Little's law) (default: 5000)
     #[argh(option, default = "5000")]
     pub queue_wait_ms: u64,
+    /// queueing budget for time to first token of batch requests (X-Priority:
+    /// batch), in ms: their own queue, bound and sojourn target follow from it
+    /// (default: 60000)
+    #[argh(option, default = "60_000")]
+    pub batch_queue_wait_ms: u64,
+    /// slots batch requests may never hold, kept for interactive ones
+    /// (default: 1, or 0 with --parallel 1)
+    #[argh(option)]
+    pub interactive_slots: Option<usize>,
+    /// anti-starvation: while both classes wait, at least one slot start in
+    /// this many goes to a batch request (default: 8)
+    #[argh(option, default = "8")]
+    pub batch_every: u32,
+    /// per-client rate limit in tokens of work (prompt + max_tokens) per
+    /// second; clients are API keys, or addresses without one (default: off)
+    #[argh(option)]
+    pub client_rate: Option<f64>,
+    /// per-client bucket size in tokens of work (default: 60 s of --client-rate)
+    #[argh(option)]
+    pub client_burst: Option<u64>,
+    /// most clients whose buckets are kept; the one used longest ago makes room
+    /// (default: 4096)
+    #[argh(option, default = "4096")]
+    pub client_table_max: usize,
+    /// file of API keys, one '<name> <key> [rate=N] [burst=N]' per line:
+    /// requests without a known key get 401 (default: none, no keys needed)
+    #[argh(option)]
+    pub api_key_file: Option<PathBuf>,
     /// requests that may wait for a slot, instead of the derived bound (at most 9)
     #[argh(option)]
     pub queue_depth: Option<usize>,
@@ -130,7 +195,8 @@ pub struct ServeArgs {
     #[argh(option)]
     pub queued_tokens_max: Option<usize>,
     /// sojourn target in ms (CoDel): shed while requests wait longer than this for
-    /// a whole interval (default: half of --queue-wait-ms)
+    /// a whole interval (default: half of --queue-wait-ms; batch requests: half
+    /// of --batch-queue-wait-ms)
     #[argh(option)]
     pub shed_target_ms: Option<u64>,
     /// interval in ms over which the sojourn must stay above target before
@@ -227,6 +293,14 @@ pub struct Config {
     pub step_tokens: Option<usize>,
     pub itl_target: Duration,
     pub queue_wait: Duration,
+    pub batch_queue_wait: Duration,
+    /// Slots batch requests may not hold (< parallel).
+    pub interactive_slots: usize,
+    pub batch_every: u32,
+    /// The per-client default bucket; `None`: no limit unless a key sets one.
+    pub client_limit: Option<Limit>,
+    pub client_table_max: usize,
+    pub api_keys: Option<KeyFile>,
     /// The operator's queue depth, instead of the derived one.
     pub queue_depth: Option<usize>,
     /// CoDel's sojourn target and interval; `None` with `--no-shed`.
@@ -274,6 +348,38 @@ impl Config {
                 a.queue_wait_ms
             ));
         }
+        if a.batch_queue_wait_ms == 0 || a.batch_queue_wait_ms > 3_600_000 {
+            return Err(format!(
+                "--batch-queue-wait-ms is {}; it must be 1 to 3600000",
+                a.batch_queue_wait_ms
+            ));
+        }
+        let interactive_slots = a.interactive_slots.unwrap_or(usize::from(a.parallel > 1));
+        check_range("--interactive-slots", interactive_slots, 0, a.parallel - 1).map_err(|e| {
+            format!("{e} (below --parallel, so that batch requests can run at all)")
+        })?;
+        if a.batch_every == 0 || a.batch_every > 1000 {
+            return Err(format!(
+                "--batch-every is {}; it must be 1 to 1000",
+                a.batch_every
+            ));
+        }
+        let client_limit = match (a.client_rate, a.client_burst) {
+            (None, None) => None,
+            (None, Some(_)) => return Err("--client-burst needs --client-rate".into()),
+            (Some(r), _) if !(r.is_finite() && r > 0.0) => {
+                return Err(format!(
+                    "--client-rate is {r}; it must be a positive number of tokens/s"
+                ))
+            }
+            (Some(_), Some(0)) => return Err("--client-burst must be positive".into()),
+            (Some(r), b) => Some(Limit {
+                rate_tok_s: r,
+                burst: b.unwrap_or_else(|| crate::auth::default_burst(r)),
+            }),
+        };
+        check_range("--client-table-max", a.client_table_max, 1, 1 << 20)?;
+        let api_keys = a.api_key_file.as_deref().map(KeyFile::load).transpose()?;
         let rates =
             match (a.mu_prefill, a.mu_decode) {
                 (None, None) => None,
@@ -384,6 +490,12 @@ impl Config {
             step_tokens: a.step_tokens,
             itl_target: Duration::from_millis(a.itl_target_ms),
             queue_wait: Duration::from_millis(a.queue_wait_ms),
+            batch_queue_wait: Duration::from_millis(a.batch_queue_wait_ms),
+            interactive_slots,
+            batch_every: a.batch_every,
+            client_limit,
+            client_table_max: a.client_table_max,
+            api_keys,
             queue_depth: a.queue_depth,
             shed,
             queued_tokens_max: a.queued_tokens_max.filter(|&n| n > 0),
@@ -408,7 +520,7 @@ impl Config {
 }
 
 /// `sluice serve`'s options (they take a value); see [`args_with_env`].
-const SERVE_OPTIONS: [&str; 28] = [
+const SERVE_OPTIONS: [&str; 35] = [
     "model",
     "model-name",
     "host",
@@ -419,6 +531,13 @@ const SERVE_OPTIONS: [&str; 28] = [
     "itl-target-ms",
     "step-tokens",
     "queue-wait-ms",
+    "batch-queue-wait-ms",
+    "interactive-slots",
+    "batch-every",
+    "client-rate",
+    "client-burst",
+    "client-table-max",
+    "api-key-file",
     "queue-depth",
     "queued-tokens-max",
     "shed-target-ms",

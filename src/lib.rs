@@ -3,11 +3,14 @@
 
 mod admission;
 pub mod app;
+mod auth;
 mod calibrate;
 mod config;
 mod engine;
 pub mod http;
 mod metrics;
 mod notify;
+mod priority;
 mod prompt;
+mod ratelimit;
 mod stream;

@@ -5,6 +5,7 @@
 //! recorder to record again, so an idle engine would hang the scrape.) All
 //! histograms share the same bounds so that they can be merged.
 
+use crate::priority::Class;
 use crate::stream::CancelReason;
 use hdrhistogram::Histogram;
 use std::fmt::Write as _;
@@ -20,7 +21,76 @@ fn latency_histogram() -> Mutex<Histogram<u64>> {
     Mutex::new(Histogram::new_with_bounds(1, LATENCY_US_MAX, 3).expect("valid histogram bounds"))
 }
 
+/// What happened to the requests of one priority class.
+pub struct ClassCounters {
+    /// Admitted to the class's queue.
+    pub admitted: AtomicU64,
+    /// Refused by the gate: the class's queue was full.
+    pub rejected_queue_full: AtomicU64,
+    /// Refused by the gate: the class's queued-token budget.
+    pub rejected_token_budget: AtomicU64,
+    /// Refused because the client's token bucket was short (before the gate).
+    pub rate_limited: AtomicU64,
+    /// Shed at dequeue (sojourn or TTFT budget).
+    pub shed: AtomicU64,
+    /// Dropped at dequeue: the caller's deadline had passed.
+    pub dropped_deadline: AtomicU64,
+    /// Got a slot.
+    pub started: AtomicU64,
+    /// Ended with a complete response.
+    pub completed: AtomicU64,
+    ttft: Mutex<Histogram<u64>>,
+}
+
+impl Default for ClassCounters {
+    fn default() -> Self {
+        ClassCounters {
+            admitted: AtomicU64::new(0),
+            rejected_queue_full: AtomicU64::new(0),
+            rejected_token_budget: AtomicU64::new(0),
+            rate_limited: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
+            dropped_deadline: AtomicU64::new(0),
+            started: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            ttft: latency_histogram(),
+        }
+    }
+}
+
+impl ClassCounters {
+    /// Outcome label and count, in the order they are exported.
+    fn outcomes(&self) -> [(&'static str, u64); 8] {
+        let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("admitted", l(&self.admitted)),
+            ("rejected_queue_full", l(&self.rejected_queue_full)),
+            ("rejected_token_budget", l(&self.rejected_token_budget)),
+            ("rate_limited", l(&self.rate_limited)),
+            ("shed", l(&self.shed)),
+            ("deadline", l(&self.dropped_deadline)),
+            ("started", l(&self.started)),
+            ("completed", l(&self.completed)),
+        ]
+    }
+}
+
+/// The per-client rate limiter's view, for `/metrics` (no client is named:
+/// identities would make one series per client).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RateLimitGauges {
+    pub clients: usize,
+    pub clients_max: usize,
+    /// Clients refused at least once in the last `LIMITED_WINDOW`.
+    pub clients_limited: usize,
+    pub evictions: u64,
+}
+
 pub struct Metrics {
+    /// Per priority class (`Class::index`).
+    classes: [ClassCounters; Class::COUNT],
+    /// Requests refused with 401 (`--api-key-file`).
+    pub unauthorized: AtomicU64,
     /// Requests that passed validation and entered the admission queue.
     pub accepted: AtomicU64,
     /// Requests refused because the admission queue was full.
@@ -87,6 +157,8 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Metrics {
+            classes: Default::default(),
+            unauthorized: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
             rejected_queue_full: AtomicU64::new(0),
             rejected_token_budget: AtomicU64::new(0),
@@ -135,6 +207,10 @@ fn record(h: &Mutex<Histogram<u64>>, d: Duration) {
 }
 
 impl Metrics {
+    pub fn class(&self, class: Class) -> &ClassCounters {
+        &self.classes[class.index()]
+    }
+
     pub fn count_cancel(&self, reason: CancelReason) {
         self.cancelled[reason as usize - 1].fetch_add(1, Ordering::Relaxed);
     }
@@ -170,9 +246,15 @@ impl Metrics {
 
     /// A token was sampled: the first of its request (time since it arrived),
     /// or the gap since the request's previous token.
-    pub fn record_token(&self, first_since_arrival: Option<Duration>, gap: Option<Duration>) {
+    pub fn record_token(
+        &self,
+        class: Class,
+        first_since_arrival: Option<Duration>,
+        gap: Option<Duration>,
+    ) {
         if let Some(d) = first_since_arrival {
             record(&self.ttft, d);
+            record(&self.class(class).ttft, d);
         }
         if let Some(d) = gap {
             record(&self.inter_token, d);
@@ -208,7 +290,12 @@ impl Metrics {
     }
 
     /// Prometheus text exposition format.
-    pub fn render(&self, static_gauges: &[(&str, &str, f64)]) -> String {
+    pub fn render(
+        &self,
+        static_gauges: &[(&str, &str, f64)],
+        class_gauges: &[(&str, &str, [f64; Class::COUNT])],
+        limiter: RateLimitGauges,
+    ) -> String {
         let mut out = String::new();
         let counter = |out: &mut String, name: &str, help: &str, v: u64| {
             let _ = writeln!(
@@ -232,10 +319,14 @@ impl Metrics {
              # TYPE sluice_requests_rejected_total counter\n\
              sluice_requests_rejected_total{{reason=\"queue_full\"}} {}\n\
              sluice_requests_rejected_total{{reason=\"token_budget\"}} {}\n\
-             sluice_requests_rejected_total{{reason=\"invalid\"}} {}",
+             sluice_requests_rejected_total{{reason=\"invalid\"}} {}\n\
+             sluice_requests_rejected_total{{reason=\"rate_limited\"}} {}\n\
+             sluice_requests_rejected_total{{reason=\"unauthorized\"}} {}",
             l(&self.rejected_queue_full),
             l(&self.rejected_token_budget),
-            l(&self.invalid)
+            l(&self.invalid),
+            self.classes.iter().map(|c| l(&c.rate_limited)).sum::<u64>(),
+            l(&self.unauthorized)
         );
         counter(
             &mut out,
@@ -385,6 +476,73 @@ impl Metrics {
         for (name, help, v) in static_gauges {
             gauge(&mut out, name, help, *v);
         }
+        let _ = writeln!(
+            out,
+            "# HELP sluice_class_requests_total Requests of each priority class, by outcome.\n\
+             # TYPE sluice_class_requests_total counter"
+        );
+        for c in Class::ALL {
+            for (outcome, v) in self.class(c).outcomes() {
+                let _ = writeln!(
+                    out,
+                    "sluice_class_requests_total{{class=\"{}\",outcome=\"{outcome}\"}} {v}",
+                    c.as_str()
+                );
+            }
+        }
+        for (name, help, values) in class_gauges {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for c in Class::ALL {
+                let v = values[c.index()];
+                let _ = writeln!(out, "{name}{{class=\"{}\"}} {v}", c.as_str());
+            }
+        }
+        let name = "sluice_class_time_to_first_token_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} From arrival to the first sampled token, per priority class.\n# TYPE {name} summary"
+        );
+        for c in Class::ALL {
+            let Ok(h) = self.class(c).ttft.lock() else {
+                continue;
+            };
+            let class = c.as_str();
+            for q in QUANTILES {
+                let v = h.value_at_quantile(q) as f64 / 1e6;
+                let _ = writeln!(out, "{name}{{class=\"{class}\",quantile=\"{q}\"}} {v}");
+            }
+            let _ = writeln!(out, "{name}_count{{class=\"{class}\"}} {}", h.len());
+        }
+        counter(
+            &mut out,
+            "sluice_unauthorized_total",
+            "Requests refused with 401: no API key, or an unknown one.",
+            l(&self.unauthorized),
+        );
+        gauge(
+            &mut out,
+            "sluice_rate_limit_clients",
+            "Clients with a token bucket (bounded by --client-table-max).",
+            limiter.clients as f64,
+        );
+        gauge(
+            &mut out,
+            "sluice_rate_limit_clients_max",
+            "Most token buckets kept (--client-table-max).",
+            limiter.clients_max as f64,
+        );
+        gauge(
+            &mut out,
+            "sluice_rate_limited_clients",
+            "Clients refused by their token bucket in the last minute (a count; clients are not labels).",
+            limiter.clients_limited as f64,
+        );
+        counter(
+            &mut out,
+            "sluice_rate_limit_evictions_total",
+            "Token buckets dropped to keep the table within its bound.",
+            limiter.evictions,
+        );
         for (name, help, h) in [
             (
                 "sluice_queue_wait_seconds",

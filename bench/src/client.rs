@@ -25,6 +25,8 @@ pub struct Target {
     /// unknown fields).
     pub ignore_eos: bool,
     pub temperature: f64,
+    /// Extra request headers (`--header`), e.g. `X-Priority: batch`.
+    pub headers: Vec<(String, String)>,
 }
 
 impl Target {
@@ -62,8 +64,7 @@ pub fn run_request(
     let mut attempts = 0;
     loop {
         attempts += 1;
-        let (mut outcome, retry_after) =
-            attempt(target.addr, &path, &body, spec, arrival, deadline);
+        let (mut outcome, retry_after) = attempt(target, &path, &body, spec, arrival, deadline);
         outcome.attempts = attempts;
         let refused = matches!(outcome.kind, Kind::Rejected | Kind::Shed);
         if let (true, Retry::RetryAfter { max, cap }) = (refused, w.retry) {
@@ -82,7 +83,7 @@ pub fn run_request(
 }
 
 fn attempt(
-    addr: SocketAddr,
+    target: &Target,
     path: &str,
     body: &[u8],
     spec: &RequestSpec,
@@ -103,13 +104,19 @@ fn attempt(
     };
     // A slow reader gets a small receive buffer: otherwise its kernel would
     // read ahead for it, and the server would never see it as slow.
+    let addr = target.addr;
+    let headers: Vec<(&str, &str)> = target
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
     let opened = match spec.reader {
         Reader::Slow { .. } => {
             crate::http::connect_with_rcvbuf(addr, remaining, SLOW_READER_RCVBUF_BYTES)
-                .and_then(|s| Sse::open_on(s, path, body))
         }
-        _ => Sse::open(addr, path, body, remaining),
-    };
+        _ => crate::http::connect(addr, remaining),
+    }
+    .and_then(|s| Sse::open_with(s, path, body, &headers));
     let mut sse = match opened {
         Ok(s) => s,
         Err(e) if is_timeout(&e) => return (finish(out, Kind::Timeout), None),

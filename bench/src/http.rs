@@ -86,6 +86,23 @@ pub fn connect_with_rcvbuf(
     configure(sock.into(), timeout)
 }
 
+/// Connects from the local address `source` (any of 127.0.0.0/8 on Linux's
+/// loopback): another client, as the server sees it.
+pub fn connect_from(
+    addr: SocketAddr,
+    source: std::net::IpAddr,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
+    let sock = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    sock.bind(&SocketAddr::new(source, 0).into())?;
+    sock.connect_timeout(&addr.into(), timeout)?;
+    configure(sock.into(), timeout)
+}
+
 /// The receive buffer the kernel gave a socket, in bytes.
 pub fn recv_buffer_bytes(s: &TcpStream) -> io::Result<usize> {
     socket2::SockRef::from(s).recv_buffer_size()
@@ -129,7 +146,17 @@ pub fn request(
     headers: &[(&str, &str)],
     timeout: Duration,
 ) -> io::Result<Response> {
-    let mut s = connect(addr, timeout)?;
+    request_on(connect(addr, timeout)?, method, path, body, headers)
+}
+
+/// One request on a connection of the caller's; the whole response.
+pub fn request_on(
+    mut s: TcpStream,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+) -> io::Result<Response> {
     write_request(&mut s, method, path, body, headers)?;
     let mut r = BufReader::new(s);
     let (status, headers) = read_head(&mut r)?;
@@ -289,17 +316,23 @@ impl Sse {
 
     /// Like `open`, on a socket of the caller's (e.g. one with a small receive
     /// buffer).
-    pub fn open_on(mut s: TcpStream, path: &str, body: &[u8]) -> io::Result<Sse> {
-        write_request(
-            &mut s,
-            "POST",
-            path,
-            Some(body),
-            &[
-                ("Content-Type", "application/json"),
-                ("Accept", "text/event-stream"),
-            ],
-        )?;
+    pub fn open_on(s: TcpStream, path: &str, body: &[u8]) -> io::Result<Sse> {
+        Sse::open_with(s, path, body, &[])
+    }
+
+    /// Like `open_on`, with more request headers.
+    pub fn open_with(
+        mut s: TcpStream,
+        path: &str,
+        body: &[u8],
+        extra_headers: &[(&str, &str)],
+    ) -> io::Result<Sse> {
+        let mut headers = vec![
+            ("Content-Type", "application/json"),
+            ("Accept", "text/event-stream"),
+        ];
+        headers.extend_from_slice(extra_headers);
+        write_request(&mut s, "POST", path, Some(body), &headers)?;
         let mut reader = BufReader::new(s);
         let (status, headers) = read_head(&mut reader)?;
         let chunked = is_chunked(&headers);

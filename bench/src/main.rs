@@ -53,6 +53,9 @@ struct Args {
     /// then end where the model stops rather than at max_tokens
     #[argh(switch)]
     no_ignore_eos: bool,
+    /// extra request header, 'Name: value' (repeatable), e.g. 'X-Priority: batch'
+    #[argh(option)]
+    header: Vec<String>,
     /// sampling temperature sent (default: 0.7; 0 is greedy)
     #[argh(option, default = "0.7")]
     temperature: f64,
@@ -215,6 +218,15 @@ fn run(a: Args) -> Result<(), String> {
             model: a.model.clone(),
             ignore_eos: !a.no_ignore_eos,
             temperature: a.temperature,
+            headers: a
+                .header
+                .iter()
+                .map(|h| {
+                    h.split_once(':')
+                        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                        .ok_or_else(|| format!("--header '{h}' is not 'Name: value'"))
+                })
+                .collect::<Result<_, _>>()?,
         },
         workload,
         slo: Slo {

@@ -20,15 +20,16 @@ pub mod logprobs;
 pub mod planner;
 pub mod text;
 
-use crate::admission::QueueGauge;
+use crate::admission::{QueueGauge, Queues};
 use crate::metrics::Metrics;
+use crate::priority::{Class, Picker};
 use crate::stream::{
     CancelFlag, CancelReason, ErrorKind, Event, FinishReason, Pause, ShedReason, TokenLogprob,
     Usage,
 };
 use codel::{Codel, Verdict};
 use cost::{Chunk, CostModel};
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TrySendError};
+use crossbeam_channel::{Select, Sender, TrySendError};
 use ffi::{Batch, Context, Model, SamplingParams, Token};
 use planner::{Phase, SeqView, Work};
 use std::collections::VecDeque;
@@ -63,6 +64,7 @@ pub struct GenParams {
 /// A validated, tokenized request: the only thing that reaches the engine.
 pub struct Job {
     pub id: u64,
+    pub class: Class,
     pub prompt: Vec<Token>,
     pub gen: GenParams,
     pub enqueued_at: Instant,
@@ -91,13 +93,22 @@ pub struct EngineConfig {
     /// from the cost model and `itl_target`.
     pub step_tokens: Option<usize>,
     pub itl_target: Duration,
-    /// W_max: a request that waited past the sojourn target starts only if its
-    /// first token can still come within this.
-    pub queue_wait: Duration,
+    /// W_max per class: a request that waited past its class's sojourn target
+    /// starts only if its first token can still come within this.
+    pub queue_wait: [Duration; Class::COUNT],
     pub cpus: Vec<usize>,
     pub poll: u32,
-    /// CoDel's sojourn target and interval; `None` sheds nothing (`--no-shed`).
-    pub shed: Option<(Duration, Duration)>,
+    /// CoDel's sojourn target and interval per class; `None` sheds nothing
+    /// (`--no-shed`).
+    pub shed: [Option<(Duration, Duration)>; Class::COUNT],
+    /// Slots batch requests may hold at most (`--parallel` minus
+    /// `--interactive-slots`).
+    pub batch_slots: usize,
+    /// KV cells batch requests may reserve at most: the reserved slots keep
+    /// their share of the cache.
+    pub batch_kv_cells: usize,
+    /// At least one start in this many goes to a waiting batch request.
+    pub batch_every: u32,
     /// A sequence paused this long without a break (its reader takes nothing)
     /// is cancelled.
     pub stall_timeout: Duration,
@@ -160,7 +171,7 @@ pub fn run(
     mut ctx: Context,
     cfg: EngineConfig,
     cost: CostModel,
-    jobs: Receiver<Job>,
+    jobs: Queues,
     metrics: Arc<Metrics>,
     queue: Arc<QueueGauge>,
 ) {
@@ -177,14 +188,16 @@ pub fn run(
         model,
         slots: (0..cfg.parallel).map(|_| None).collect(),
         batch: Batch::new(cfg.n_batch),
-        waiting: None,
+        held: [None, None],
+        picker: Picker::new(cfg.batch_every),
         cost,
         rates_published_at: Instant::now(),
         kv_cells_reserved: 0,
+        batch_kv_cells_reserved: 0,
         admitted: 0,
         codel: cfg
             .shed
-            .map(|(target, interval)| Codel::new(target, interval)),
+            .map(|s| s.map(|(target, interval)| Codel::new(target, interval))),
         cfg,
         metrics,
         queue,
@@ -206,7 +219,8 @@ pub fn run(
             .store(budget, Ordering::Relaxed);
         let plan = planner::plan_step(&views, budget);
         if plan.is_empty() {
-            let active = engine.slots.iter().any(Option::is_some) || engine.waiting.is_some();
+            let active =
+                engine.slots.iter().any(Option::is_some) || engine.held.iter().any(Option::is_some);
             if closed && !active {
                 break;
             }
@@ -224,19 +238,34 @@ struct Engine {
     model: Arc<Model>,
     slots: Vec<Option<Seq>>,
     batch: Batch,
-    /// The job at the head of the queue, taken out but not yet admitted because
-    /// no slot or not enough KV cells are free. At most one.
-    waiting: Option<Job>,
+    /// The job at the head of each class's queue, taken out but not yet
+    /// admitted (no slot or not enough KV cells free, or the other class goes
+    /// first). At most one per class; admission still counts it as waiting.
+    held: [Option<Job>; Class::COUNT],
+    /// Which class gets the next free slot.
+    picker: Picker,
     kv_cells_reserved: usize,
+    /// Of those, the ones reserved by batch requests.
+    batch_kv_cells_reserved: usize,
     admitted: u64,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
     /// Admission's count of the load: told when a job gets a slot and when it
     /// leaves it, and the rates the cost model measures.
     queue: Arc<QueueGauge>,
-    codel: Option<Codel>,
+    /// CoDel per class.
+    codel: [Option<Codel>; Class::COUNT],
     cost: CostModel,
     rates_published_at: Instant,
+}
+
+/// What became of a job taken from its queue.
+enum Start {
+    Started,
+    /// Answered without running (deadline, client gone, shed).
+    Refused,
+    /// Its KV cells are not free yet: it goes back to the head of its queue.
+    NoRoom(Job),
 }
 
 /// Why a job leaves the queue without running.
@@ -256,6 +285,7 @@ impl Engine {
                 let s = s.as_ref()?;
                 Some(SeqView {
                     slot,
+                    class: s.job.class,
                     admitted: s.admitted,
                     phase: s.phase()?,
                 })
@@ -303,17 +333,48 @@ impl Engine {
             .count()
     }
 
-    /// Prompt tokens the planner would prefill before a new prompt of
-    /// `prompt_tokens` (shortest remaining first): those of the prompts being
-    /// prefilled that are no longer than it.
-    fn prefill_ahead(&self, prompt_tokens: usize) -> usize {
+    /// Prompt tokens the planner would prefill before a new prompt of `class`
+    /// and `prompt_tokens` (higher class first, then shortest remaining): those
+    /// of the prompts being prefilled of a higher class, and of its own class
+    /// no longer than it.
+    fn prefill_ahead(&self, class: Class, prompt_tokens: usize) -> usize {
         self.slots
             .iter()
             .flatten()
             .filter(|s| !s.done)
-            .map(|s| s.job.prompt.len().saturating_sub(s.n_past))
-            .filter(|&r| r > 0 && r <= prompt_tokens)
+            .map(|s| (s.job.class, s.job.prompt.len().saturating_sub(s.n_past)))
+            .filter(|&(c, r)| r > 0 && (c < class || c == class && r <= prompt_tokens))
+            .map(|(_, r)| r)
             .sum()
+    }
+
+    /// Batch sequences in slots.
+    fn batch_running(&self) -> usize {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|s| s.job.class == Class::Batch)
+            .count()
+    }
+
+    /// Takes the head of each class's queue into `held`, where it is not yet.
+    /// Returns true when every queue is closed.
+    fn fill_held(&mut self, jobs: &Queues) -> bool {
+        let mut closed = true;
+        for c in Class::ALL {
+            let i = c.index();
+            if self.held[i].is_none() {
+                match jobs[i].try_recv() {
+                    Ok(job) => self.held[i] = Some(job),
+                    Err(e) => {
+                        closed &= e.is_disconnected();
+                        continue;
+                    }
+                }
+            }
+            closed = false;
+        }
+        closed
     }
 
     /// Forecast of the time from now to a new job's first token, if it started
@@ -325,144 +386,179 @@ impl Engine {
         Duration::from_secs_f64(s.clamp(0.0, 86_400.0))
     }
 
-    /// Admits queued jobs while a slot and their KV cells are free. Returns true
-    /// when the job channel is closed.
-    fn admit(&mut self, jobs: &Receiver<Job>) -> bool {
-        let mut closed = false;
-        while let Some(slot) = self.slots.iter().position(Option::is_none) {
-            let job = match self.waiting.take() {
-                Some(job) => job,
-                None => match jobs.try_recv() {
-                    Ok(job) => job,
-                    Err(e) => {
-                        closed = e.is_disconnected();
-                        break;
-                    }
-                },
+    /// Admits queued jobs while a slot and their KV cells are free, the higher
+    /// class first (under `Picker`'s anti-starvation rule). Returns true when
+    /// the job channels are closed.
+    fn admit(&mut self, jobs: &Queues) -> bool {
+        let closed = loop {
+            let closed = self.fill_held(jobs);
+            let Some(slot) = self.slots.iter().position(Option::is_none) else {
+                break closed;
             };
-            let now = Instant::now();
-            // Dead work: its caller has given up, so it never costs a FLOP.
-            if job.deadline.is_some_and(|d| now >= d) {
-                let waited = now.saturating_duration_since(job.enqueued_at);
-                let message = format!(
-                    "the request's deadline passed after {} ms in the queue, before it could start; it was not run",
-                    waited.as_millis()
-                );
-                self.refuse(job, Dropped::Deadline, message);
-                continue;
-            }
-            // Its client left while it waited: it never runs either.
-            if let Some(reason) = job.cancel.reason() {
-                self.queue.dropped(job.prompt.len());
-                self.metrics.count_cancel(reason);
-                continue;
-            }
-            let cells = job.kv_cells();
-            if self.kv_cells_reserved + cells > self.cfg.n_ctx {
-                self.waiting = Some(job);
-                break;
-            }
-            let sojourn = now.saturating_duration_since(job.enqueued_at);
-            if let Some(Verdict::Shed) = self.codel.as_mut().map(|c| c.on_dequeue(sojourn, now)) {
-                let message = format!(
-                    "shed: requests have waited over the {} ms target for a whole interval (this one {} ms)",
-                    self.cfg.shed.map_or(0, |(t, _)| t.as_millis()),
-                    sojourn.as_millis()
-                );
-                self.refuse(job, Dropped::Shed(ShedReason::Sojourn), message);
-                continue;
-            }
-            // A job starts only if its first token can still come within W_max:
-            // otherwise it would only be late, and hold a slot that a job with
-            // time left could use. A prompt whose own prefill takes longer than
-            // the sojourn target is judged on its own prefill, and only once it
-            // has waited past the target: its first token is late by its size,
-            // not by the queue.
-            if let Some((target, _)) = self.cfg.shed {
-                let p = job.prompt.len();
-                let own = self.prefill_forecast(p);
-                let (late, forecast) = if own <= target {
-                    let forecast = self.prefill_forecast(p + self.prefill_ahead(p));
-                    (sojourn + forecast > self.cfg.queue_wait, forecast)
-                } else {
-                    (
-                        sojourn >= target && sojourn + own > self.cfg.queue_wait,
-                        own,
-                    )
-                };
-                if late {
-                    let message = format!(
-                        "shed: it waited {} ms, and its {} prompt tokens need about {} ms more before a first token: past the {} ms budget",
-                        sojourn.as_millis(),
-                        job.prompt.len(),
-                        forecast.as_millis(),
-                        self.cfg.queue_wait.as_millis()
-                    );
-                    self.refuse(job, Dropped::Shed(ShedReason::TtftBudget), message);
-                    continue;
+            let batch_may_start = self.batch_running() < self.cfg.batch_slots;
+            let [interactive, batch] = [&self.held[0], &self.held[1]].map(Option::is_some);
+            let Some(class) = self.picker.pick(interactive, batch, batch_may_start) else {
+                break closed;
+            };
+            let job = self.held[class.index()]
+                .take()
+                .expect("the picker picks a class that waits");
+            match self.try_start(slot, job) {
+                Start::Started => self.picker.started(class, batch && batch_may_start),
+                Start::Refused => {}
+                // Not enough KV cells: it keeps its place at the head, and
+                // nothing behind it overtakes it.
+                Start::NoRoom(job) => {
+                    self.held[class.index()] = Some(job);
+                    break false;
                 }
             }
-            self.kv_cells_reserved += cells;
-            self.admitted += 1;
-            self.queue.started(job.prompt.len());
-            self.metrics.record_queue_wait(sojourn);
-            let seq = Seq {
-                sampler: ffi::Sampler::new(&job.gen.sampling),
-                text: TextAssembler::new(job.gen.stop.clone()),
-                admitted: self.admitted,
-                n_past: 0,
-                next_token: None,
-                last_token_at: None,
-                prefill_s_per_token: None,
-                completion_tokens: 0,
-                prompt_logprobs: Vec::new(),
-                outbox: VecDeque::new(),
-                pause: Pause::default(),
-                done: false,
-                job,
-            };
-            self.slots[slot] = Some(seq);
-        }
-        // Nothing waits (whether or not a slot is free): a standing queue has
-        // drained, and the server is ready again.
-        if self.waiting.is_none() && jobs.is_empty() {
-            if let Some(c) = &mut self.codel {
-                c.on_empty();
+        };
+        // Nothing of a class waits (whether or not a slot is free): its standing
+        // queue has drained, and, for interactive, the server is ready again.
+        for c in Class::ALL {
+            if self.held[c.index()].is_none() && jobs[c.index()].is_empty() {
+                if let Some(codel) = &mut self.codel[c.index()] {
+                    codel.on_empty();
+                }
             }
         }
         self.publish_gauges();
         closed
     }
 
-    /// Shutdown: every queued job is answered without running. Returns true
-    /// when the job channel is closed.
-    fn refuse_queued(&mut self, jobs: &Receiver<Job>) -> bool {
-        loop {
-            let job = match self.waiting.take() {
-                Some(job) => job,
-                None => match jobs.try_recv() {
-                    Ok(job) => job,
-                    Err(e) => {
-                        self.publish_gauges();
-                        return e.is_disconnected();
-                    }
-                },
+    /// Starts `job` in `slot`, or refuses it (deadline passed, client gone,
+    /// shed); gives it back when its KV cells are not free yet.
+    fn try_start(&mut self, slot: usize, job: Job) -> Start {
+        let now = Instant::now();
+        let class = job.class;
+        // Dead work: its caller has given up, so it never costs a FLOP.
+        if job.deadline.is_some_and(|d| now >= d) {
+            let waited = now.saturating_duration_since(job.enqueued_at);
+            let message = format!(
+                "the request's deadline passed after {} ms in the queue, before it could start; it was not run",
+                waited.as_millis()
+            );
+            self.refuse(job, Dropped::Deadline, message);
+            return Start::Refused;
+        }
+        // Its client left while it waited: it never runs either.
+        if let Some(reason) = job.cancel.reason() {
+            self.queue.dropped(class, job.prompt.len());
+            self.metrics.count_cancel(reason);
+            return Start::Refused;
+        }
+        let cells = job.kv_cells();
+        let batch_over =
+            class == Class::Batch && self.batch_kv_cells_reserved + cells > self.cfg.batch_kv_cells;
+        if self.kv_cells_reserved + cells > self.cfg.n_ctx || batch_over {
+            return Start::NoRoom(job);
+        }
+        let sojourn = now.saturating_duration_since(job.enqueued_at);
+        let shed = self.cfg.shed[class.index()];
+        let codel = self.codel[class.index()].as_mut();
+        if let Some(Verdict::Shed) = codel.map(|c| c.on_dequeue(sojourn, now)) {
+            let message = format!(
+                "shed: {} requests have waited over the {} ms target for a whole interval (this one {} ms)",
+                class.as_str(),
+                shed.map_or(0, |(t, _)| t.as_millis()),
+                sojourn.as_millis()
+            );
+            self.refuse(job, Dropped::Shed(ShedReason::Sojourn), message);
+            return Start::Refused;
+        }
+        // A job starts only if its first token can still come within its
+        // class's W_max: otherwise it would only be late, and hold a slot that a
+        // job with time left could use. A prompt whose own prefill takes longer
+        // than the sojourn target is judged on its own prefill, and only once
+        // it has waited past the target: its first token is late by its size,
+        // not by the queue.
+        if let Some((target, _)) = shed {
+            let w_max = self.cfg.queue_wait[class.index()];
+            let p = job.prompt.len();
+            let own = self.prefill_forecast(p);
+            let (late, forecast) = if own <= target {
+                let forecast = self.prefill_forecast(p + self.prefill_ahead(class, p));
+                (sojourn + forecast > w_max, forecast)
+            } else {
+                (sojourn >= target && sojourn + own > w_max, own)
             };
-            let message = "the server shut down before this request could start; it was not run";
-            self.refuse(job, Dropped::Shutdown, message.into());
+            if late {
+                let message = format!(
+                    "shed: it waited {} ms, and its {} prompt tokens need about {} ms more before a first token: past the {} ms budget of {} requests",
+                    sojourn.as_millis(),
+                    job.prompt.len(),
+                    forecast.as_millis(),
+                    w_max.as_millis(),
+                    class.as_str()
+                );
+                self.refuse(job, Dropped::Shed(ShedReason::TtftBudget), message);
+                return Start::Refused;
+            }
+        }
+        self.kv_cells_reserved += cells;
+        if class == Class::Batch {
+            self.batch_kv_cells_reserved += cells;
+        }
+        self.admitted += 1;
+        self.queue.started(class, job.prompt.len());
+        self.metrics.record_queue_wait(sojourn);
+        self.metrics
+            .class(class)
+            .started
+            .fetch_add(1, Ordering::Relaxed);
+        let seq = Seq {
+            sampler: ffi::Sampler::new(&job.gen.sampling),
+            text: TextAssembler::new(job.gen.stop.clone()),
+            admitted: self.admitted,
+            n_past: 0,
+            next_token: None,
+            last_token_at: None,
+            prefill_s_per_token: None,
+            completion_tokens: 0,
+            prompt_logprobs: Vec::new(),
+            outbox: VecDeque::new(),
+            pause: Pause::default(),
+            done: false,
+            job,
+        };
+        self.slots[slot] = Some(seq);
+        Start::Started
+    }
+
+    /// Shutdown: every queued job is answered without running. Returns true
+    /// when the job channels are closed.
+    fn refuse_queued(&mut self, jobs: &Queues) -> bool {
+        loop {
+            let closed = self.fill_held(jobs);
+            let held: Vec<Job> = self.held.iter_mut().filter_map(Option::take).collect();
+            if held.is_empty() {
+                self.publish_gauges();
+                return closed;
+            }
+            for job in held {
+                let message =
+                    "the server shut down before this request could start; it was not run";
+                self.refuse(job, Dropped::Shutdown, message.into());
+            }
         }
     }
 
     /// Answers a job that leaves the queue without running, counts it, and
     /// frees its place in admission.
     fn refuse(&mut self, job: Job, why: Dropped, message: String) {
-        self.queue.dropped(job.prompt.len());
+        let class = job.class;
+        self.queue.dropped(class, job.prompt.len());
+        let by_class = self.metrics.class(class);
         let (counter, kind, message) = match why {
-            Dropped::Deadline => (
-                &self.metrics.dropped_deadline,
-                ErrorKind::DeadlineExceeded,
-                message,
-            ),
+            Dropped::Deadline => {
+                by_class.dropped_deadline.fetch_add(1, Ordering::Relaxed);
+                (
+                    &self.metrics.dropped_deadline,
+                    ErrorKind::DeadlineExceeded,
+                    message,
+                )
+            }
             Dropped::Shutdown => {
                 self.metrics.count_cancel(CancelReason::Shutdown);
                 let _ = job.events.try_send(Event::Error {
@@ -472,7 +568,8 @@ impl Engine {
                 return;
             }
             Dropped::Shed(reason) => {
-                let retry_after_s = self.queue.retry_after_s();
+                by_class.shed.fetch_add(1, Ordering::Relaxed);
+                let retry_after_s = self.queue.retry_after_s(class);
                 let counter = match reason {
                     ShedReason::Sojourn => &self.metrics.shed_sojourn,
                     ShedReason::TtftBudget => &self.metrics.shed_ttft_budget,
@@ -493,16 +590,20 @@ impl Engine {
         let _ = job.events.try_send(Event::Error { kind, message });
     }
 
-    fn wait_for_work(&mut self, jobs: &Receiver<Job>) {
-        if self.waiting.is_some() || self.slots.iter().any(Option::is_some) {
-            // Only paused or undelivered streams: poll them again shortly.
+    fn wait_for_work(&mut self, jobs: &Queues) {
+        if self.held.iter().any(Option::is_some) || self.slots.iter().any(Option::is_some) {
+            // Only paused or undelivered streams, or a job waiting for KV
+            // cells: poll again shortly.
             std::thread::sleep(Duration::from_millis(1));
             return;
         }
-        match jobs.recv_timeout(Duration::from_millis(IDLE_WAIT_MS)) {
-            Ok(job) => self.waiting = Some(job),
-            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+        let mut select = Select::new();
+        for rx in jobs {
+            select.recv(rx);
         }
+        // A ready queue is read at the next turn (`fill_held`), so that the
+        // picker sees both classes before it chooses.
+        let _ = select.ready_timeout(Duration::from_millis(IDLE_WAIT_MS));
     }
 
     fn step(&mut self, ctx: &mut Context, plan: &planner::Plan) {
@@ -677,7 +778,7 @@ impl Engine {
             .then(|| now.saturating_duration_since(seq.job.enqueued_at));
         let gap = seq.last_token_at.map(|t| now.saturating_duration_since(t));
         seq.last_token_at = Some(now);
-        self.metrics.record_token(first, gap);
+        self.metrics.record_token(seq.job.class, first, gap);
         self.metrics
             .tokens_generated
             .fetch_add(1, Ordering::Relaxed);
@@ -738,8 +839,13 @@ impl Engine {
         });
         debug_assert!(seq.outbox.len() <= OUTBOX_EVENTS_MAX + 1);
         seq.done = true;
+        let class = seq.job.class;
         self.release_kv(ctx, slot);
         self.metrics.completed.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .class(class)
+            .completed
+            .fetch_add(1, Ordering::Relaxed);
         self.metrics.record_request_time(seq_arrival.elapsed());
         self.flush(ctx, slot);
     }
@@ -774,6 +880,9 @@ impl Engine {
         seq.next_token = None;
         let cells = seq.job.kv_cells();
         self.kv_cells_reserved -= cells;
+        if seq.job.class == Class::Batch {
+            self.batch_kv_cells_reserved -= cells;
+        }
     }
 
     /// Sends what the sequence's outbox holds, as far as its channel takes it.
@@ -802,8 +911,9 @@ impl Engine {
             let reason = seq.job.cancel.reason().unwrap_or(CancelReason::Disconnect);
             self.cancel(ctx, slot, reason);
         } else if seq.done {
+            let class = seq.job.class;
             self.slots[slot] = None;
-            self.queue.finished();
+            self.queue.finished(class);
         }
     }
 
@@ -842,6 +952,7 @@ impl Engine {
         // The handler learns why when its stream closes.
         let steps = self.metrics.steps.load(Ordering::Relaxed);
         seq.job.cancel.cancel(reason, steps);
+        let class = seq.job.class;
         if !seq.done {
             self.metrics
                 .record_cancel_lag(steps.saturating_sub(seq.job.cancel.at_step()));
@@ -853,7 +964,7 @@ impl Engine {
             self.metrics.count_cancel(reason);
         }
         self.slots[slot] = None;
-        self.queue.finished();
+        self.queue.finished(class);
     }
 
     fn deliver_outboxes(&mut self, ctx: &mut Context) {
@@ -878,8 +989,10 @@ impl Engine {
         let used: usize = self.slots.iter().flatten().map(|s| s.n_past).sum();
         self.metrics
             .set_engine_gauges(active, paused, self.kv_cells_reserved, used);
-        let (shedding, above) = self
-            .codel
+        // Readiness follows the interactive queue only: batch work is meant to
+        // stand in its queue, and a box whose interactive requests start in
+        // time can take more of them.
+        let (shedding, above) = self.codel[Class::Interactive.index()]
             .as_ref()
             .map_or((false, false), |c| (c.is_shedding(), c.is_above_target()));
         self.metrics.shedding.store(shedding, Ordering::Relaxed);

@@ -6,20 +6,25 @@
 //! 1. Every running sequence that is not paused gets exactly one decode token,
 //!    and these come **first**. A stream's inter-token latency is therefore one
 //!    step, whatever else is waiting.
-//! 2. The rest of the per-step token budget goes to prefill chunks, shortest
-//!    remaining prompt first (ties by age). A short prompt that arrives while an
+//! 2. The rest of the per-step token budget goes to prefill chunks: the higher
+//!    priority class first (`priority::Class`), then the shortest remaining
+//!    prompt first (ties by age). A short prompt that arrives while an
 //!    8k-token prompt is being prefilled gets its first token after one step, not
 //!    after the whole long prefill. The long prompt cannot starve: the number of
 //!    sequences is bounded by `--parallel`, each short prompt is prefilled once,
 //!    and the budget left after decode tokens always goes to some prefill.
+//!    An interactive prompt is never held behind a batch prompt's prefill.
 //! 3. A step never holds more tokens than the budget, and the budget never
 //!    exceeds llama.cpp's `n_batch` (more aborts the process); both are asserted.
+
+use crate::priority::Class;
 
 /// The planner's view of one active sequence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqView {
     /// Slot index (the llama.cpp sequence id).
     pub slot: usize,
+    pub class: Class,
     /// Admission order; smaller is older.
     pub admitted: u64,
     pub phase: Phase,
@@ -101,17 +106,17 @@ pub fn plan_step(seqs: &[SeqView], step_tokens_max: usize) -> Plan {
         .collect();
     let mut budget = step_tokens_max - entries.len();
 
-    let mut prefills: Vec<(usize, u64, usize)> = seqs
+    let mut prefills: Vec<(Class, usize, u64, usize)> = seqs
         .iter()
         .filter_map(|s| match s.phase {
             Phase::Prefill { remaining_tokens } if remaining_tokens > 0 => {
-                Some((remaining_tokens, s.admitted, s.slot))
+                Some((s.class, remaining_tokens, s.admitted, s.slot))
             }
             _ => None,
         })
         .collect();
     prefills.sort_unstable();
-    for (remaining, _, slot) in prefills {
+    for (_, remaining, _, slot) in prefills {
         if budget == 0 {
             break;
         }
@@ -135,9 +140,47 @@ mod tests {
     fn seq(slot: usize, admitted: u64, phase: Phase) -> SeqView {
         SeqView {
             slot,
+            class: Class::Interactive,
             admitted,
             phase,
         }
+    }
+
+    #[test]
+    fn interactive_prompts_are_prefilled_before_batch_prompts() {
+        let batch = |slot, admitted, phase| SeqView {
+            class: Class::Batch,
+            ..seq(slot, admitted, phase)
+        };
+        let seqs = [
+            batch(0, 0, prefill(10)),
+            seq(1, 1, prefill(300)),
+            batch(2, 2, Phase::Decode),
+        ];
+        let plan = plan_step(&seqs, 64);
+        assert_eq!(
+            plan.entries,
+            vec![
+                Entry {
+                    slot: 2,
+                    work: Work::Decode
+                },
+                Entry {
+                    slot: 1,
+                    work: Work::Prefill { n_tokens: 63 }
+                },
+            ],
+            "a batch stream still decodes; the short batch prompt waits"
+        );
+        let plan = plan_step(&seqs[..2], 305);
+        assert_eq!(
+            plan.entries[1],
+            Entry {
+                slot: 0,
+                work: Work::Prefill { n_tokens: 5 }
+            },
+            "batch takes what interactive leaves"
+        );
     }
 
     fn prefill(n: usize) -> Phase {

@@ -4,6 +4,7 @@
 //! `code` is a stable string that also serves as a metrics label; messages name
 //! the limit and the value given.
 
+use crate::priority::Class;
 use crate::stream::ShedReason;
 use serde_json::json;
 
@@ -48,12 +49,31 @@ pub enum ApiError {
     /// Admitting the request would break a queue bound.
     QueueFull {
         bound: QueueBound,
+        class: Class,
         queued: usize,
         queue_depth_max: usize,
         queued_tokens: usize,
         queued_tokens_max: usize,
         prompt_tokens: usize,
         retry_after_s: u64,
+    },
+    /// The client's token bucket holds less work than the request costs: a rate
+    /// limit on this client, not overload of the server (`rate_limit_exceeded`;
+    /// overload is `queue_full`, `queue_token_budget` or a 503).
+    RateLimited {
+        /// Tokens of work the request costs (prompt + max_tokens).
+        cost: u64,
+        /// Tokens of work the client's bucket holds now.
+        available: u64,
+        burst: u64,
+        rate_tok_s: f64,
+        /// `None` when the request costs more than the bucket ever holds: no
+        /// wait helps.
+        retry_after_s: Option<u64>,
+    },
+    /// `--api-key-file` is set and the request carries no key, or an unknown one.
+    Unauthorized {
+        missing: bool,
     },
     /// Shed at dequeue: the queue stood above its sojourn target (CoDel), or the
     /// request could no longer get its first token within W_max.
@@ -103,7 +123,8 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::UnsupportedMediaType { .. } => 415,
-            ApiError::QueueFull { .. } => 429,
+            ApiError::QueueFull { .. } | ApiError::RateLimited { .. } => 429,
+            ApiError::Unauthorized { .. } => 401,
             ApiError::Engine { .. } => 500,
             ApiError::Shed { .. } => 503,
             ApiError::DeadlineExceeded { .. } => 504,
@@ -131,6 +152,8 @@ impl ApiError {
                 bound: QueueBound::Tokens,
                 ..
             } => "queue_token_budget",
+            ApiError::RateLimited { .. } => "rate_limit_exceeded",
+            ApiError::Unauthorized { .. } => "invalid_api_key",
             ApiError::Engine { .. } => "engine_error",
             ApiError::Shed { reason, .. } => reason.as_str(),
             ApiError::DeadlineExceeded { .. } => "deadline_exceeded",
@@ -153,6 +176,8 @@ impl ApiError {
             | ApiError::Stalled { .. }
             | ApiError::ClientGone
             | ApiError::DeadlineExceeded { .. } => "server_error",
+            ApiError::RateLimited { .. } => "rate_limit_error",
+            ApiError::Unauthorized { .. } => "authentication_error",
             _ => "invalid_request_error",
         }
     }
@@ -177,14 +202,41 @@ impl ApiError {
             ApiError::MethodNotAllowed { method, path } => format!("{method} is not allowed on {path}"),
             ApiError::QueueFull {
                 bound: QueueBound::Requests,
+                class,
                 queued,
                 queue_depth_max,
                 retry_after_s,
                 ..
             } => format!(
-                "server is at capacity: {queued} requests are waiting, the most this server queues \
-                 (its queue depth is {queue_depth_max}); estimated wait {retry_after_s} s, retry after that"
+                "server is at capacity: {queued} requests are waiting ahead of this {} request, the most \
+                 this server queues (its {} queue depth is {queue_depth_max}); estimated wait \
+                 {retry_after_s} s, retry after that",
+                class.as_str(),
+                class.as_str()
             ),
+            ApiError::RateLimited {
+                cost,
+                available,
+                burst,
+                rate_tok_s,
+                retry_after_s: Some(s),
+            } => format!(
+                "rate limit for this client: the request costs {cost} tokens of work (prompt + max_tokens) \
+                 and this client's bucket holds {available} (it holds at most {burst} and refills at \
+                 {rate_tok_s} tokens/s); retry after {s} s. This is a per-client limit, not server overload"
+            ),
+            ApiError::RateLimited {
+                cost,
+                burst,
+                ..
+            } => format!(
+                "rate limit for this client: the request costs {cost} tokens of work (prompt + max_tokens), \
+                 more than this client's bucket ever holds ({burst}); lower max_tokens or shorten the prompt"
+            ),
+            ApiError::Unauthorized { missing: true } => {
+                "this server requires an API key: send 'Authorization: Bearer <key>'".into()
+            }
+            ApiError::Unauthorized { missing: false } => "the API key is not valid".into(),
             ApiError::QueueFull {
                 bound: QueueBound::Tokens,
                 queued_tokens,
@@ -218,6 +270,7 @@ impl ApiError {
             ApiError::QueueFull { retry_after_s, .. } | ApiError::Shed { retry_after_s, .. } => {
                 Some(*retry_after_s)
             }
+            ApiError::RateLimited { retry_after_s, .. } => *retry_after_s,
             ApiError::Draining | ApiError::ShuttingDown => Some(DRAIN_RETRY_AFTER_S),
             _ => None,
         }
@@ -236,7 +289,22 @@ impl ApiError {
                 "param": param,
             }
         });
+        if let ApiError::RateLimited {
+            cost,
+            available,
+            burst,
+            rate_tok_s,
+            retry_after_s,
+        } = self
+        {
+            v["error"]["rate_limit"] = json!({
+                "cost_tokens": cost, "available_tokens": available,
+                "burst_tokens": burst, "refill_tokens_per_second": rate_tok_s,
+                "retry_after_s": retry_after_s,
+            });
+        }
         if let ApiError::QueueFull {
+            class,
             queued,
             queue_depth_max,
             queued_tokens,
@@ -246,6 +314,7 @@ impl ApiError {
         } = self
         {
             v["error"]["queue"] = json!({
+                "class": class.as_str(),
                 "depth": queued, "depth_max": queue_depth_max,
                 "prompt_tokens": queued_tokens, "prompt_tokens_max": queued_tokens_max,
                 "estimated_wait_s": retry_after_s,
@@ -273,6 +342,7 @@ mod tests {
     fn queue_full_is_429_with_retry_after() {
         let e = ApiError::QueueFull {
             bound: QueueBound::Requests,
+            class: Class::Interactive,
             queued: 4,
             queue_depth_max: 4,
             queued_tokens: 300,
@@ -292,6 +362,7 @@ mod tests {
         assert_eq!(v["error"]["queue"]["estimated_wait_s"], 6);
         let t = ApiError::QueueFull {
             bound: QueueBound::Tokens,
+            class: Class::Batch,
             queued: 1,
             queue_depth_max: 4,
             queued_tokens: 900,
@@ -301,5 +372,50 @@ mod tests {
         };
         assert_eq!(t.code(), "queue_token_budget");
         assert!(t.message().contains("budget is 1000"), "{}", t.message());
+    }
+
+    #[test]
+    fn a_rate_limit_is_told_apart_from_overload() {
+        let e = ApiError::RateLimited {
+            cost: 300,
+            available: 40,
+            burst: 400,
+            rate_tok_s: 20.0,
+            retry_after_s: Some(13),
+        };
+        assert_eq!(e.status(), 429);
+        assert_eq!(e.retry_after_s(), Some(13));
+        let v = e.to_json();
+        assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+        assert_eq!(v["error"]["rate_limit"]["cost_tokens"], 300);
+        assert!(
+            e.message().contains("not server overload"),
+            "{}",
+            e.message()
+        );
+        let never = ApiError::RateLimited {
+            cost: 900,
+            available: 400,
+            burst: 400,
+            rate_tok_s: 20.0,
+            retry_after_s: None,
+        };
+        assert_eq!(never.retry_after_s(), None, "no wait helps");
+        let overload = ApiError::QueueFull {
+            bound: QueueBound::Requests,
+            class: Class::Batch,
+            queued: 4,
+            queue_depth_max: 4,
+            queued_tokens: 0,
+            queued_tokens_max: 1000,
+            prompt_tokens: 20,
+            retry_after_s: 6,
+        };
+        assert_ne!(overload.code(), e.code());
+        assert_eq!(overload.to_json()["error"]["type"], "overloaded_error");
+        assert_eq!(overload.to_json()["error"]["queue"]["class"], "batch");
+        let u = ApiError::Unauthorized { missing: true };
+        assert_eq!((u.status(), u.code()), (401, "invalid_api_key"));
     }
 }

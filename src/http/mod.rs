@@ -16,11 +16,14 @@ pub mod sse;
 pub mod validation;
 
 use crate::admission::{Admission, QueueGauge};
+use crate::auth;
 use crate::config::Config;
 use crate::engine::ffi::{self, SamplingParams};
 use crate::engine::{GenParams, Job};
 use crate::metrics::Metrics;
+use crate::priority::Class;
 use crate::prompt::Prompter;
+use crate::ratelimit::{ClientId, Limit, RateLimiter};
 use crate::stream::{CancelFlag, CancelReason, ErrorKind, Event, TokenLogprob, Usage};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError};
 use error::ApiError;
@@ -61,6 +64,10 @@ pub struct AppState {
     /// Most tokens one request may span (prompt + max_tokens): the KV cells,
     /// and no more than the model was trained for.
     pub seq_tokens_max: usize,
+    /// The same for a batch request: no more than batch may reserve of the KV cache.
+    pub batch_seq_tokens_max: usize,
+    /// Per-client token buckets.
+    pub limiter: RateLimiter,
     /// Set on SIGTERM/SIGINT: not ready, no new requests; the accepted ones finish.
     pub draining: std::sync::atomic::AtomicBool,
     /// Completion requests being handled (the drain waits for them).
@@ -172,6 +179,11 @@ fn handle(state: &AppState, req: Request) {
             }
         }
         (Method::Get, "/v1/models") => {
+            if let Err(e) = authenticate(state, &req) {
+                state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+                respond_error(req, &e);
+                return;
+            }
             let body = json!({
                 "object": "list",
                 "data": [{
@@ -185,7 +197,44 @@ fn handle(state: &AppState, req: Request) {
             respond_json(req, 200, &body, None);
         }
         (Method::Get, "/metrics") => {
-            let (rates, bounds) = state.queue.snapshot();
+            let (rates, class_bounds) = state.queue.snapshot();
+            let bounds = class_bounds[Class::Interactive.index()];
+            let classes = |f: &dyn Fn(Class) -> f64| Class::ALL.map(f);
+            let class_gauges = [
+                (
+                    "sluice_class_queue_depth",
+                    "Requests of each class waiting for a slot.",
+                    classes(&|c| state.queue.queued_requests(c) as f64),
+                ),
+                (
+                    "sluice_class_queue_depth_max",
+                    "Each class's L_max (Little's law on its own W_max, or --queue-depth).",
+                    classes(&|c| class_bounds[c.index()].queue_depth_max as f64),
+                ),
+                (
+                    "sluice_class_queued_prompt_tokens",
+                    "Prompt tokens of each class waiting for a slot.",
+                    classes(&|c| state.queue.queued_tokens(c) as f64),
+                ),
+                (
+                    "sluice_class_queued_prompt_tokens_max",
+                    "Each class's budget of waiting prompt tokens.",
+                    classes(&|c| class_bounds[c.index()].queued_tokens_max as f64),
+                ),
+                (
+                    "sluice_class_queue_wait_budget_seconds",
+                    "Each class's W_max.",
+                    classes(&|c| state.cfg.queue_wait(c).as_secs_f64()),
+                ),
+                (
+                    "sluice_class_slots_max",
+                    "Slots each class may hold.",
+                    classes(&|c| match c {
+                        Class::Interactive => state.cfg.parallel as f64,
+                        Class::Batch => state.cfg.batch_slots() as f64,
+                    }),
+                ),
+            ];
             let gauges = [
                 (
                     "sluice_compute_threads",
@@ -199,27 +248,33 @@ fn handle(state: &AppState, req: Request) {
                 ),
                 (
                     "sluice_queue_depth",
-                    "Requests waiting in the admission queue for a slot.",
-                    state.queue.queued_requests() as f64,
+                    "Requests waiting for a slot, all classes.",
+                    Class::ALL
+                        .map(|c| state.queue.queued_requests(c))
+                        .iter()
+                        .sum::<usize>() as f64,
                 ),
                 (
                     "sluice_queue_depth_max",
-                    "Admission queue bound L_max (Little's law on the live rates, or --queue-depth).",
+                    "Interactive queue bound L_max (Little's law on the live rates, or --queue-depth).",
                     bounds.queue_depth_max as f64,
                 ),
                 (
                     "sluice_queue_depth_ceiling",
                     "Highest L_max the gate may allow (9, or --queue-depth): the queue's capacity.",
-                    state.cfg.policy().queue_depth_ceiling() as f64,
+                    state.cfg.policy(Class::Interactive).queue_depth_ceiling() as f64,
                 ),
                 (
                     "sluice_queued_prompt_tokens",
-                    "Prompt tokens waiting in the admission queue.",
-                    state.queue.queued_tokens() as f64,
+                    "Prompt tokens waiting for a slot, all classes.",
+                    Class::ALL
+                        .map(|c| state.queue.queued_tokens(c))
+                        .iter()
+                        .sum::<usize>() as f64,
                 ),
                 (
                     "sluice_queued_prompt_tokens_max",
-                    "Budget of waiting prompt tokens (mu_prefill x W_max).",
+                    "Budget of waiting interactive prompt tokens (mu_prefill x W_max).",
                     bounds.queued_tokens_max as f64,
                 ),
                 (
@@ -239,7 +294,7 @@ fn handle(state: &AppState, req: Request) {
                 ),
                 (
                     "sluice_queue_wait_budget_seconds",
-                    "W_max: the queueing budget for time to first token.",
+                    "W_max: the queueing budget for time to first token (interactive).",
                     state.cfg.queue_wait.as_secs_f64(),
                 ),
                 (
@@ -258,7 +313,9 @@ fn handle(state: &AppState, req: Request) {
                     state.http_threads as f64,
                 ),
             ];
-            let body = state.metrics.render(&gauges);
+            let body = state
+                .metrics
+                .render(&gauges, &class_gauges, state.limiter.gauges());
             let resp = Response::from_string(body)
                 .with_header(header("Content-Type", "text/plain; version=0.0.4"));
             let _ = req.respond(resp);
@@ -300,7 +357,16 @@ fn respond_json(req: Request, status: u16, body: &Value, retry_after_s: Option<u
 }
 
 fn respond_error(req: Request, e: &ApiError) {
-    respond_json(req, e.status(), &e.to_json(), e.retry_after_s());
+    let mut resp = Response::from_string(e.to_json().to_string())
+        .with_status_code(e.status())
+        .with_header(header("Content-Type", "application/json"));
+    if let Some(s) = e.retry_after_s() {
+        resp.add_header(header("Retry-After", &s.to_string()));
+    }
+    if e.status() == 401 {
+        resp.add_header(header("WWW-Authenticate", "Bearer"));
+    }
+    let _ = req.respond(resp);
 }
 
 /// What one request log line says.
@@ -337,15 +403,29 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         respond_error(req, &e);
         return;
     }
+    // Who asks comes first: an unknown key costs no parsing or tokenizing.
+    let client = match authenticate(state, &req) {
+        Ok(c) => c,
+        Err(e) => {
+            state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+            log_request(&path, t0, &outcome_of_error(&e));
+            respond_error(req, &e);
+            return;
+        }
+    };
     // The connection's socket, held for probing while this request waits: a
     // client that leaves is seen even when nothing is being written to it.
     let probe = req.take_peer_socket();
+    // The log names the client (its key's name, never the key; or its
+    // address) and the class once they are known.
+    let path = format!("{path} client={}", client_label(state, client.id));
     let prepared = caller_timeout_ms(&req, state.cfg.request_timeout_ms).and_then(|timeout_ms| {
+        let class = priority_class(&req)?;
         let (valid, prompt) = prepare(state, &mut req, api)?;
-        let (gen, prompt) = gen_params(state, &valid, prompt)?;
-        Ok((timeout_ms, valid, gen, prompt))
+        let (gen, prompt) = gen_params(state, &valid, class, prompt)?;
+        Ok((timeout_ms, class, valid, gen, prompt))
     });
-    let (timeout_ms, valid, gen, prompt) = match prepared {
+    let (timeout_ms, class, valid, gen, prompt) = match prepared {
         Ok(p) => p,
         Err(e) => {
             state.metrics.invalid.fetch_add(1, Ordering::Relaxed);
@@ -354,12 +434,44 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
             return;
         }
     };
+    let path = format!("{path} class={}", class.as_str());
     let prompt_tokens = prompt.len();
+    // The client's bucket pays for the work the request may ask for.
+    let cost = (prompt_tokens + gen.max_tokens) as u64;
+    let bucket = client.limit.map(|limit| Charged {
+        limiter: &state.limiter,
+        id: client.id,
+        limit,
+        unused: cost,
+    });
+    let mut bucket = bucket;
+    if let Some(b) = &mut bucket {
+        if let Err(refused) = state.limiter.charge(b.id, b.limit, cost) {
+            b.unused = 0; // nothing was taken
+            state
+                .metrics
+                .class(class)
+                .rate_limited
+                .fetch_add(1, Ordering::Relaxed);
+            let e = ApiError::RateLimited {
+                cost,
+                available: refused.available,
+                burst: b.limit.burst,
+                rate_tok_s: b.limit.rate_tok_s,
+                retry_after_s: refused.retry_after_s,
+            };
+            log_request(&path, t0, &outcome_of_error(&e));
+            respond_error(req, &e);
+            return;
+        }
+    }
+    let max_tokens = gen.max_tokens;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
     let cancel = CancelFlag::default();
     let job = Job {
         id,
+        class,
         prompt,
         gen,
         enqueued_at: t0,
@@ -372,6 +484,8 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         _ => None,
     };
     if let Err(e) = state.admission.submit(job) {
+        // Refused for overload, not for the client's spending: the whole
+        // charge goes back (`bucket` drops with all of it unused).
         log_request(&path, t0, &outcome_of_error(&e));
         respond_error(req, &e);
         return;
@@ -410,10 +524,93 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         metrics: Arc::clone(&state.metrics),
     };
     let mut outcome = reply(req, &meta, &valid, echo_text, &waiter);
+    // The prompt was charged and taken; the tokens not generated go back.
+    if let Some(b) = &mut bucket {
+        b.unused = max_tokens.saturating_sub(outcome.usage.completion_tokens) as u64;
+    }
     if outcome.usage.prompt_tokens == 0 {
         outcome.usage.prompt_tokens = prompt_tokens;
     }
     log_request(&path, t0, &outcome);
+}
+
+/// Work charged to a client's bucket; what is still `unused` when it drops
+/// goes back.
+struct Charged<'a> {
+    limiter: &'a RateLimiter,
+    id: ClientId,
+    limit: Limit,
+    unused: u64,
+}
+
+impl Drop for Charged<'_> {
+    fn drop(&mut self) {
+        self.limiter.refund(self.id, self.limit, self.unused);
+    }
+}
+
+/// How the log names a client.
+fn client_label(state: &AppState, id: ClientId) -> String {
+    match (id, &state.cfg.api_keys) {
+        (ClientId::Key(i), Some(keys)) => keys.key(i).name.clone(),
+        (ClientId::Key(i), None) => format!("key#{i}"),
+        (ClientId::Addr(ip), _) => ip.to_string(),
+    }
+}
+
+/// Who a request comes from, and the bucket it is charged to.
+struct Client {
+    id: ClientId,
+    limit: Option<Limit>,
+}
+
+/// With `--api-key-file`, the request's key must be known (401 otherwise) and
+/// names the client; without, the client is its address, and a key it sends
+/// is not checked, so not trusted as an identity.
+fn authenticate(state: &AppState, req: &Request) -> Result<Client, ApiError> {
+    let default = state.cfg.client_limit;
+    let Some(keys) = &state.cfg.api_keys else {
+        let ip = req
+            .remote_addr()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        return Ok(Client {
+            id: ClientId::Addr(ip),
+            limit: default,
+        });
+    };
+    let presented = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Authorization"))
+        .and_then(|h| auth::bearer(h.value.as_str()));
+    let Some(presented) = presented else {
+        return Err(ApiError::Unauthorized { missing: true });
+    };
+    match keys.find(presented) {
+        Some(i) => Ok(Client {
+            id: ClientId::Key(i),
+            limit: keys.key(i).limit(default),
+        }),
+        None => Err(ApiError::Unauthorized { missing: false }),
+    }
+}
+
+/// The request's priority class: `X-Priority: interactive | batch`; without
+/// the header, interactive.
+fn priority_class(req: &Request) -> Result<Class, ApiError> {
+    let Some(h) = req.headers().iter().find(|h| h.field.equiv("X-Priority")) else {
+        return Ok(Class::Interactive);
+    };
+    let text = h.value.as_str();
+    Class::parse(text).ok_or_else(|| {
+        ApiError::invalid(
+            "X-Priority",
+            format!(
+                "X-Priority is '{}'; it must be interactive or batch",
+                text.trim()
+            ),
+        )
+    })
 }
 
 /// The caller's deadline, `X-Request-Timeout: <seconds>` (a number, as
@@ -488,16 +685,25 @@ fn prepare(
 fn gen_params(
     state: &AppState,
     v: &ValidRequest,
+    class: Class,
     prompt: Vec<ffi::Token>,
 ) -> Result<(GenParams, Vec<ffi::Token>), ApiError> {
-    let n_ctx = state.seq_tokens_max;
+    // A batch request may not take the KV cells kept for interactive ones.
+    let (n_ctx, whose) = match class {
+        Class::Interactive => (state.seq_tokens_max, ""),
+        Class::Batch if state.batch_seq_tokens_max < state.seq_tokens_max => (
+            state.batch_seq_tokens_max,
+            " of batch requests (the KV cache less the interactive slots' share)",
+        ),
+        Class::Batch => (state.seq_tokens_max, ""),
+    };
     let p = prompt.len();
     let scoring_only = v.echo && v.max_tokens == Some(0);
     let room = n_ctx.saturating_sub(p);
     if room == 0 && !scoring_only || p > n_ctx {
         return Err(ApiError::ContextLength {
             message: format!(
-                "prompt has {p} tokens; the context limit is {n_ctx} tokens, including at least 1 to generate"
+                "prompt has {p} tokens; the context limit{whose} is {n_ctx} tokens, including at least 1 to generate"
             ),
         });
     }
@@ -505,7 +711,7 @@ fn gen_params(
         Some(n) if n > room => {
             return Err(ApiError::ContextLength {
                 message: format!(
-                    "prompt has {p} tokens and max_tokens is {n}: together {} tokens, over the context limit of {n_ctx}",
+                    "prompt has {p} tokens and max_tokens is {n}: together {} tokens, over the context limit{whose} of {n_ctx}",
                     p + n
                 ),
             })

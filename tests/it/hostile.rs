@@ -135,8 +135,8 @@ fn a_thousand_idle_connections_do_not_stop_service() {
 
 #[test]
 fn slow_senders_hold_no_handler_and_are_cut_off() {
-    // 1 slot + 1 queued + 4 spare = 6 handlers; 10 slow clients would hold them
-    // all if a handler read their bodies.
+    // 1 slot + 1 queued per class + 4 spare = 7 handlers; 10 slow clients would
+    // hold them all if a handler read their bodies.
     let srv = Server::start(&[
         "--parallel",
         "1",
@@ -145,7 +145,7 @@ fn slow_senders_hold_no_handler_and_are_cut_off() {
         "--client-timeout-ms",
         "3000",
     ]);
-    assert_eq!(srv.metric("sluice_http_threads"), 6.0);
+    assert_eq!(srv.metric("sluice_http_threads"), 7.0);
     let mut slow: Vec<TcpStream> = (0..10)
         .map(|i| {
             let mut s = connect(srv.addr);

@@ -10,6 +10,7 @@ mod bench;
 mod flow;
 mod harness;
 mod hostile;
+mod priority;
 mod service;
 mod startup;
 mod threads;

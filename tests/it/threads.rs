@@ -38,9 +38,10 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
     let srv = Server::start(&[]);
     let cores = usable_cores();
     let http_threads = srv.metric("sluice_http_threads") as usize;
-    // Running + the most that may ever wait (the derived L_max moves below 9) + 4 spare.
+    // Running + the most that may ever wait in each class's queue (the derived
+    // L_max moves below 9) + 4 spare.
     assert_eq!(srv.metric("sluice_queue_depth_ceiling"), 9.0);
-    assert_eq!(http_threads, 4 + 9 + 4);
+    assert_eq!(http_threads, 4 + 2 * 9 + 4);
     let idle = thread_counts(srv.pid());
 
     // Load: 4 streams decoding, plus 20 idle keep-alive connections.
