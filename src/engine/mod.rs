@@ -390,12 +390,14 @@ impl Engine {
     /// class first (under `Picker`'s anti-starvation rule). Returns true when
     /// the job channels are closed.
     fn admit(&mut self, jobs: &Queues) -> bool {
+        // A batch job waiting for KV cells must not hold up interactive ones.
+        let mut batch_blocked = false;
         let closed = loop {
             let closed = self.fill_held(jobs);
             let Some(slot) = self.slots.iter().position(Option::is_none) else {
                 break closed;
             };
-            let batch_may_start = self.batch_running() < self.cfg.batch_slots;
+            let batch_may_start = !batch_blocked && self.batch_running() < self.cfg.batch_slots;
             let [interactive, batch] = [&self.held[0], &self.held[1]].map(Option::is_some);
             let Some(class) = self.picker.pick(interactive, batch, batch_may_start) else {
                 break closed;
@@ -407,10 +409,14 @@ impl Engine {
                 Start::Started => self.picker.started(class, batch && batch_may_start),
                 Start::Refused => {}
                 // Not enough KV cells: it keeps its place at the head, and
-                // nothing behind it overtakes it.
+                // nothing of its class overtakes it; interactive jobs still
+                // may, batch ones never overtake an interactive one.
                 Start::NoRoom(job) => {
                     self.held[class.index()] = Some(job);
-                    break false;
+                    if class == Class::Interactive {
+                        break false;
+                    }
+                    batch_blocked = true;
                 }
             }
         };

@@ -389,3 +389,32 @@ fn with_an_api_key_file_a_missing_or_wrong_key_gets_401_and_a_right_one_200() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_batch_request_waiting_for_kv_cells_does_not_hold_up_interactive_ones() {
+    // 3 slots, 2 for batch, which may reserve 8192 - 8192/3 = 5462 KV cells.
+    // With --batch-every 1 the picker offers every free slot to a waiting batch
+    // request first; the second batch request does not fit the batch share.
+    let srv = Server::start(&["--parallel", "3", "--batch-every", "1", "--no-shed"]);
+    let addr = srv.addr;
+    let _running = stream(addr, &body("Count on.", 3000, true), &[BATCH]);
+    let blocked = std::thread::spawn(move || post(addr, &body("Count on.", 3000, false), &[BATCH]));
+    wait_until(
+        Duration::from_secs(30),
+        "the second batch request queued",
+        || srv.metric("sluice_class_queue_depth{class=\"batch\"}") == 1.0,
+    );
+    assert!(srv.metric("sluice_kv_cells_reserved") >= 3000.0);
+    for i in 0..2 {
+        let r = post(addr, &body(&format!("Question {i}."), 8, false), &[]);
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(
+        class_metric(&srv, "batch", "started"),
+        1.0,
+        "the batch request still waits for KV cells"
+    );
+    assert_eq!(class_metric(&srv, "interactive", "completed"), 2.0);
+    drop(_running);
+    assert_eq!(blocked.join().expect("client").status, 200);
+}
