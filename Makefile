@@ -32,6 +32,7 @@ unit: deps
 # The real binary and the real model over real sockets; one at a time, since
 # each test's server uses every core. `build` provides the sluice-bench binary.
 integration: deps model build
+	./deploy/install-deps --for-tests
 	$(CARGO) test --release --test it -- --test-threads=1
 
 # deploy/sluice.service passes `systemd-analyze verify`.

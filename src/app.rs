@@ -261,8 +261,10 @@ fn serve(cfg: Config) -> Result<(), String> {
         cfg.model_name, bounds.queue_depth_max, bounds.queued_tokens_max
     );
     let drain_timeout = cfg.drain_timeout;
+    let drain_notice = cfg.drain_notice;
     let state = Arc::new(AppState {
         draining: AtomicBool::new(false),
+        stopping: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         prompter,
         admission,
@@ -311,7 +313,7 @@ fn serve(cfg: Config) -> Result<(), String> {
             }
         }
     }
-    drain(&state, &notifier, &engine_stop, drain_timeout);
+    drain(&state, &notifier, &engine_stop, drain_notice, drain_timeout);
     Ok(())
 }
 
@@ -321,12 +323,29 @@ const MAIN_TICK: Duration = Duration::from_millis(20);
 /// requests' last events.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
-/// Graceful drain: not ready, no new requests (503 + Retry-After), the accepted
-/// ones (queued and running) finish until `timeout`; then the engine cancels
-/// the rest (each client gets an error event and a clean end), and sluice exits.
-fn drain(state: &AppState, notifier: &Notifier, engine_stop: &ffi::AbortWatch, timeout: Duration) {
-    state.draining.store(true, Ordering::SeqCst);
+/// Graceful drain: not ready at once; for `notice`, new requests are still
+/// served (a load balancer's health checks need that long to take this
+/// replica out of rotation: what it sends meanwhile is not refused); then no
+/// new requests (503 + Retry-After), and the accepted ones (queued and
+/// running) finish until `timeout`; then the engine cancels the rest (each
+/// client gets an error event and a clean end), and sluice exits.
+fn drain(
+    state: &AppState,
+    notifier: &Notifier,
+    engine_stop: &ffi::AbortWatch,
+    notice: Duration,
+    timeout: Duration,
+) {
+    state.stopping.store(true, Ordering::SeqCst);
     notifier.notify("STOPPING=1\nSTATUS=draining");
+    if !notice.is_zero() {
+        eprintln!(
+            "sluice: stopping: not ready; new requests are still served for {} ms (--drain-notice-ms)",
+            notice.as_millis()
+        );
+        std::thread::sleep(notice);
+    }
+    state.draining.store(true, Ordering::SeqCst);
     let n = state.in_flight.load(Ordering::SeqCst);
     eprintln!(
         "sluice: draining: {n} requests in flight may finish within {} ms; new ones get 503 (a second signal exits at once)",

@@ -178,6 +178,10 @@ pub struct ServeArgs {
     /// (default: 4096)
     #[argh(option, default = "4096")]
     pub client_table_max: usize,
+    /// addresses of proxies (comma-separated) whose X-Forwarded-For names the
+    /// client, for per-client rate limits by address (default: none)
+    #[argh(option)]
+    pub trusted_proxies: Option<String>,
     /// file of API keys, one '<name> <key> [rate=N] [burst=N]' per line:
     /// requests without a known key get 401 (default: none, no keys needed)
     #[argh(option)]
@@ -237,6 +241,12 @@ pub struct ServeArgs {
     /// milliseconds (default: 10000)
     #[argh(option, default = "10_000")]
     pub client_timeout_ms: u64,
+    /// on SIGTERM or SIGINT, how long sluice stays not ready while still
+    /// serving new requests, before it refuses them: time for a load
+    /// balancer's health checks to take it out of rotation, in milliseconds
+    /// (default: 0; behind HAProxy's checks every 250 ms: 1000)
+    #[argh(option, default = "0")]
+    pub drain_notice_ms: u64,
     /// on SIGTERM or SIGINT, how long accepted requests may take to finish
     /// before the rest are cancelled, in milliseconds (default: 30000)
     #[argh(option, default = "30_000")]
@@ -300,6 +310,9 @@ pub struct Config {
     /// The per-client default bucket; `None`: no limit unless a key sets one.
     pub client_limit: Option<Limit>,
     pub client_table_max: usize,
+    /// Connections from these are a proxy's: the client is the last address
+    /// of their X-Forwarded-For.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     pub api_keys: Option<KeyFile>,
     /// The operator's queue depth, instead of the derived one.
     pub queue_depth: Option<usize>,
@@ -316,6 +329,7 @@ pub struct Config {
     pub request_timeout_ms: u64,
     pub stall_timeout: Duration,
     pub drain_timeout: Duration,
+    pub drain_notice: Duration,
     pub client_timeout: Duration,
     pub send_buffer_bytes: usize,
     /// `None`: parallel + queue depth + spare, once the depth is known.
@@ -380,6 +394,17 @@ impl Config {
         };
         check_range("--client-table-max", a.client_table_max, 1, 1 << 20)?;
         let api_keys = a.api_key_file.as_deref().map(KeyFile::load).transpose()?;
+        let trusted_proxies = a
+            .trusted_proxies
+            .iter()
+            .flat_map(|l| l.split(','))
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                p.parse()
+                    .map_err(|_| format!("--trusted-proxies: '{p}' is not an IP address"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         let rates =
             match (a.mu_prefill, a.mu_decode) {
                 (None, None) => None,
@@ -458,6 +483,12 @@ impl Config {
                 a.client_timeout_ms
             ));
         }
+        if a.drain_notice_ms > 600_000 {
+            return Err(format!(
+                "--drain-notice-ms is {}; it must be 0 to 600000",
+                a.drain_notice_ms
+            ));
+        }
         if a.drain_timeout_ms > 3_600_000 {
             return Err(format!(
                 "--drain-timeout-ms is {}; it must be 0 to 3600000",
@@ -495,6 +526,7 @@ impl Config {
             batch_every: a.batch_every,
             client_limit,
             client_table_max: a.client_table_max,
+            trusted_proxies,
             api_keys,
             queue_depth: a.queue_depth,
             shed,
@@ -510,6 +542,7 @@ impl Config {
             request_timeout_ms: a.request_timeout_ms,
             stall_timeout: Duration::from_millis(a.stall_timeout_ms),
             drain_timeout: Duration::from_millis(a.drain_timeout_ms),
+            drain_notice: Duration::from_millis(a.drain_notice_ms),
             client_timeout: Duration::from_millis(a.client_timeout_ms),
             send_buffer_bytes: a.send_buffer_bytes,
             http_threads: a.http_threads,
@@ -520,7 +553,7 @@ impl Config {
 }
 
 /// `sluice serve`'s options (they take a value); see [`args_with_env`].
-const SERVE_OPTIONS: [&str; 35] = [
+const SERVE_OPTIONS: [&str; 37] = [
     "model",
     "model-name",
     "host",
@@ -537,6 +570,7 @@ const SERVE_OPTIONS: [&str; 35] = [
     "client-rate",
     "client-burst",
     "client-table-max",
+    "trusted-proxies",
     "api-key-file",
     "queue-depth",
     "queued-tokens-max",
@@ -552,6 +586,7 @@ const SERVE_OPTIONS: [&str; 35] = [
     "request-timeout-ms",
     "stall-timeout-ms",
     "drain-timeout-ms",
+    "drain-notice-ms",
     "client-timeout-ms",
     "send-buffer-bytes",
     "http-threads",

@@ -406,12 +406,6 @@ impl Metrics {
             "1 while the queue stands above its sojourn target and requests are shed.",
             f64::from(u8::from(self.shedding.load(Ordering::Relaxed))),
         );
-        gauge(
-            &mut out,
-            "sluice_ready",
-            "1 when requests leave the queue within the sojourn target (/readyz 200).",
-            f64::from(u8::from(!self.sojourn_above_target.load(Ordering::Relaxed))),
-        );
         counter(
             &mut out,
             "sluice_tokens_generated_total",

@@ -68,7 +68,10 @@ pub struct AppState {
     pub batch_seq_tokens_max: usize,
     /// Per-client token buckets.
     pub limiter: RateLimiter,
-    /// Set on SIGTERM/SIGINT: not ready, no new requests; the accepted ones finish.
+    /// Set on SIGTERM/SIGINT: not ready (new requests are still served during
+    /// `--drain-notice-ms`).
+    pub stopping: std::sync::atomic::AtomicBool,
+    /// Set when the drain notice has passed: no new requests; the accepted ones finish.
     pub draining: std::sync::atomic::AtomicBool,
     /// Completion requests being handled (the drain waits for them).
     pub in_flight: std::sync::atomic::AtomicUsize,
@@ -166,18 +169,14 @@ fn handle(state: &AppState, req: Request) {
         }
         // Readiness: not while draining, nor while requests leave the queue
         // past the sojourn target.
-        (Method::Get, "/readyz") => {
-            if state.draining.load(Ordering::Relaxed) {
-                let body = json!({"status": "not ready", "reason": "draining"});
-                respond_json(req, 503, &body, None);
-            } else if state.metrics.sojourn_above_target.load(Ordering::Relaxed) {
+        (Method::Get, "/readyz") => match not_ready(state) {
+            Some(reason) => {
                 let shedding = state.metrics.shedding.load(Ordering::Relaxed);
-                let body = json!({"status": "not ready", "reason": "queue sojourn above target", "shedding": shedding});
+                let body = json!({"status": "not ready", "reason": reason, "shedding": shedding});
                 respond_json(req, 503, &body, None);
-            } else {
-                respond_json(req, 200, &json!({"status": "ready"}), None);
             }
-        }
+            None => respond_json(req, 200, &json!({"status": "ready"}), None),
+        },
         (Method::Get, "/v1/models") => {
             if let Err(e) = authenticate(state, &req) {
                 state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
@@ -308,6 +307,11 @@ fn handle(state: &AppState, req: Request) {
                     state.n_ctx as f64,
                 ),
                 (
+                    "sluice_ready",
+                    "1 when /readyz is 200: not draining, and interactive requests start within the sojourn target.",
+                    f64::from(u8::from(not_ready(state).is_none())),
+                ),
+                (
                     "sluice_http_threads",
                     "HTTP handler threads.",
                     state.http_threads as f64,
@@ -339,6 +343,21 @@ fn handle(state: &AppState, req: Request) {
             respond_error(req, &e);
         }
         _ => respond_error(req, &ApiError::NotFound { path }),
+    }
+}
+
+/// Why this replica should get no new requests now, if it should not: it is
+/// draining, or interactive requests wait past the sojourn target (the head
+/// of the queue now, or those that left it lately). A full queue alone is not
+/// a reason: behind a load balancer that keeps each replica at its capacity
+/// (HAProxy's maxconn), a full queue is the normal state of a busy replica.
+fn not_ready(state: &AppState) -> Option<&'static str> {
+    if state.stopping.load(Ordering::Relaxed) {
+        Some("draining")
+    } else if state.metrics.sojourn_above_target.load(Ordering::Relaxed) {
+        Some("queue sojourn above target")
+    } else {
+        None
     }
 }
 
@@ -396,10 +415,11 @@ impl Drop for InFlight<'_> {
 fn generate(state: &AppState, mut req: Request, api: Api) {
     let _in_flight = InFlight::enter(&state.in_flight);
     let t0 = Instant::now();
+    let tags = String::new();
     let path = req.url().to_string();
     if state.draining.load(Ordering::SeqCst) {
         let e = ApiError::Draining;
-        log_request(&path, t0, &outcome_of_error(&e));
+        log_request(&path, &tags, t0, &outcome_of_error(&e));
         respond_error(req, &e);
         return;
     }
@@ -408,7 +428,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         Ok(c) => c,
         Err(e) => {
             state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
-            log_request(&path, t0, &outcome_of_error(&e));
+            log_request(&path, &tags, t0, &outcome_of_error(&e));
             respond_error(req, &e);
             return;
         }
@@ -418,7 +438,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     let probe = req.take_peer_socket();
     // The log names the client (its key's name, never the key; or its
     // address) and the class once they are known.
-    let path = format!("{path} client={}", client_label(state, client.id));
+    let mut tags = format!(" client={}", client_label(state, client.id));
     let prepared = caller_timeout_ms(&req, state.cfg.request_timeout_ms).and_then(|timeout_ms| {
         let class = priority_class(&req)?;
         let (valid, prompt) = prepare(state, &mut req, api)?;
@@ -429,12 +449,12 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         Ok(p) => p,
         Err(e) => {
             state.metrics.invalid.fetch_add(1, Ordering::Relaxed);
-            log_request(&path, t0, &outcome_of_error(&e));
+            log_request(&path, &tags, t0, &outcome_of_error(&e));
             respond_error(req, &e);
             return;
         }
     };
-    let path = format!("{path} class={}", class.as_str());
+    tags.push_str(&format!(" class={}", class.as_str()));
     let prompt_tokens = prompt.len();
     // The client's bucket pays for the work the request may ask for.
     let cost = (prompt_tokens + gen.max_tokens) as u64;
@@ -460,7 +480,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
                 rate_tok_s: b.limit.rate_tok_s,
                 retry_after_s: refused.retry_after_s,
             };
-            log_request(&path, t0, &outcome_of_error(&e));
+            log_request(&path, &tags, t0, &outcome_of_error(&e));
             respond_error(req, &e);
             return;
         }
@@ -486,7 +506,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     if let Err(e) = state.admission.submit(job) {
         // Refused for overload, not for the client's spending: the whole
         // charge goes back (`bucket` drops with all of it unused).
-        log_request(&path, t0, &outcome_of_error(&e));
+        log_request(&path, &tags, t0, &outcome_of_error(&e));
         respond_error(req, &e);
         return;
     }
@@ -531,7 +551,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     if outcome.usage.prompt_tokens == 0 {
         outcome.usage.prompt_tokens = prompt_tokens;
     }
-    log_request(&path, t0, &outcome);
+    log_request(&path, &tags, t0, &outcome);
 }
 
 /// Work charged to a client's bucket; what is still `unused` when it drops
@@ -570,9 +590,14 @@ struct Client {
 fn authenticate(state: &AppState, req: &Request) -> Result<Client, ApiError> {
     let default = state.cfg.client_limit;
     let Some(keys) = &state.cfg.api_keys else {
-        let ip = req
+        let peer = req
             .remote_addr()
             .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        let ip = if state.cfg.trusted_proxies.contains(&peer) {
+            forwarded_for(req).unwrap_or(peer)
+        } else {
+            peer
+        };
         return Ok(Client {
             id: ClientId::Addr(ip),
             limit: default,
@@ -593,6 +618,17 @@ fn authenticate(state: &AppState, req: &Request) -> Result<Client, ApiError> {
         }),
         None => Err(ApiError::Unauthorized { missing: false }),
     }
+}
+
+/// The client's address a trusted proxy appended to `X-Forwarded-For` (its
+/// last entry: the ones before it are the client's own claims).
+fn forwarded_for(req: &Request) -> Option<std::net::IpAddr> {
+    let h = req
+        .headers()
+        .iter()
+        .rev()
+        .find(|h| h.field.equiv("X-Forwarded-For"))?;
+    h.value.as_str().rsplit(',').next()?.trim().parse().ok()
 }
 
 /// The request's priority class: `X-Priority: interactive | batch`; without
@@ -764,12 +800,14 @@ fn outcome_of_error(e: &ApiError) -> Outcome {
     }
 }
 
-fn log_request(path: &str, t0: Instant, o: &Outcome) {
+/// One line per completion request: path, status, then `tags` (client and
+/// class, once known), tokens, times and the error code.
+fn log_request(path: &str, tags: &str, t0: Instant, o: &Outcome) {
     let ttft = o
         .first_token
         .map_or("-".to_string(), |d| format!("{}", d.as_millis()));
     eprintln!(
-        "sluice: POST {path} {} prompt={} completion={} ttft_ms={ttft} total_ms={} {}",
+        "sluice: POST {path} {}{tags} prompt={} completion={} ttft_ms={ttft} total_ms={} {}",
         o.status,
         o.usage.prompt_tokens,
         o.usage.completion_tokens,

@@ -11,6 +11,7 @@ mod flow;
 mod harness;
 mod hostile;
 mod priority;
+mod scale_out;
 mod service;
 mod startup;
 mod threads;

@@ -32,13 +32,24 @@ fn post(addr: SocketAddr, b: &Value, headers: &[(&str, &str)]) -> Response {
 
 /// The same, from the loopback address `from` (another client to the server).
 fn post_from(addr: SocketAddr, from: Ipv4Addr, b: &Value) -> Response {
+    post_from_with(addr, from, b, &[])
+}
+
+fn post_from_with(
+    addr: SocketAddr,
+    from: Ipv4Addr,
+    b: &Value,
+    headers: &[(&str, &str)],
+) -> Response {
     let s = http::connect_from(addr, IpAddr::V4(from), Duration::from_secs(60)).expect("connect");
+    let mut all = vec![("Content-Type", "application/json")];
+    all.extend_from_slice(headers);
     http::request_on(
         s,
         "POST",
         "/v1/completions",
         Some(b.to_string().as_bytes()),
-        &[("Content-Type", "application/json")],
+        &all,
     )
     .expect("request")
 }
@@ -417,4 +428,38 @@ fn a_batch_request_waiting_for_kv_cells_does_not_hold_up_interactive_ones() {
     assert_eq!(class_metric(&srv, "interactive", "completed"), 2.0);
     drop(_running);
     assert_eq!(blocked.join().expect("client").status, 200);
+}
+
+#[test]
+fn behind_a_trusted_proxy_the_forwarded_address_is_the_client() {
+    let srv = Server::start(&[
+        "--client-rate",
+        "1",
+        "--client-burst",
+        "100",
+        "--trusted-proxies",
+        "127.0.0.1",
+    ]);
+    let proxy = Ipv4Addr::new(127, 0, 0, 1);
+    let b = body("Hi", 80, false);
+    let from = |peer, xff| post_from_with(srv.addr, peer, &b, &[("X-Forwarded-For", xff)]);
+    assert_eq!(from(proxy, "10.0.0.1").status, 200);
+    let r = from(proxy, "10.0.0.1");
+    assert_eq!(r.status, 429, "the same forwarded client");
+    assert_eq!(r.body_json()["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(
+        from(proxy, "10.0.0.2").status,
+        200,
+        "another forwarded client"
+    );
+    assert_eq!(
+        from(proxy, "6.6.6.6, 10.0.0.2").status,
+        429,
+        "the proxy's entry is the last one; the client's own claims do not count"
+    );
+    assert_eq!(
+        from(Ipv4Addr::new(127, 0, 0, 2), "10.0.0.2").status,
+        200,
+        "an untrusted peer's X-Forwarded-For is ignored: it is its own client"
+    );
 }

@@ -1,0 +1,292 @@
+//! Two real replicas behind HAProxy with `deploy/haproxy.cfg`, on loopback:
+//! HAProxy acts on sluice's own signals (readiness, 503 before a start), a
+//! saturated replica leaves rotation, a draining one loses no request, and a
+//! stream that started is never sent twice.
+//!
+//! HAProxy comes from Debian's package (`deploy/install-deps --for-tests`,
+//! run by `make integration`). HAProxy's log (stderr) says when it takes a
+//! replica out or puts it back; the tests wait on those states, not on time.
+
+use crate::harness::*;
+use serde_json::{json, Value};
+use sluice_bench::http;
+use std::io::{BufRead, BufReader};
+use std::net::{SocketAddr, TcpListener};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+struct Haproxy {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<String>>,
+}
+
+impl Haproxy {
+    /// HAProxy with the shipped configuration, in front of `replicas`, each
+    /// taking `maxconn` requests in flight.
+    fn start(replicas: [&Server; 2], maxconn: usize) -> Haproxy {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/haproxy.cfg");
+        let mut child = Command::new("haproxy")
+            .args(["-f", cfg, "-db"])
+            .env("SLUICE_LB_BIND", addr.to_string())
+            .env("SLUICE_REPLICA_1", replicas[0].addr.to_string())
+            .env("SLUICE_REPLICA_2", replicas[1].addr.to_string())
+            .env("SLUICE_MAXCONN", maxconn.to_string())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("haproxy is installed (deploy/install-deps --for-tests)");
+        let stderr = child.stderr.take().expect("stderr");
+        let log = Arc::new(Mutex::new(String::new()));
+        {
+            let log = Arc::clone(&log);
+            std::thread::spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let mut l = log.lock().unwrap();
+                    l.push_str(&line);
+                    l.push('\n');
+                }
+            });
+        }
+        let h = Haproxy { child, addr, log };
+        wait_until(Duration::from_secs(20), "HAProxy listening", || {
+            http::connect(addr, Duration::from_secs(1)).is_ok()
+        });
+        h
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Waits until HAProxy has logged `what` `times` times in all.
+    fn wait_for(&self, what: &str, times: usize) {
+        wait_until(Duration::from_secs(60), what, || {
+            self.log().matches(what).count() >= times
+        });
+    }
+
+    fn post(&self, b: &Value) -> Response {
+        post_json(self.addr, "/v1/completions", b)
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn served_by(headers: &[(String, String)]) -> String {
+    headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("X-Served-By"))
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+fn short(i: usize) -> Value {
+    json!({"prompt": format!("Question {i}."), "max_tokens": 8, "ignore_eos": true, "temperature": 0})
+}
+
+fn long_stream(max_tokens: usize) -> Value {
+    json!({"prompt": "Count on.", "max_tokens": max_tokens, "ignore_eos": true,
+           "temperature": 0, "stream": true})
+}
+
+/// A stream through `addr`, its head read (the first token has come).
+fn open_stream(addr: SocketAddr, b: &Value) -> http::Sse {
+    let mut s = http::Sse::open(
+        addr,
+        "/v1/completions",
+        b.to_string().as_bytes(),
+        Duration::from_secs(600),
+    )
+    .expect("open stream");
+    assert_eq!(s.status, 200);
+    assert!(s.next_json().expect("event").is_some());
+    s
+}
+
+/// Replicas as `deploy/haproxy.cfg` expects them: a short queue of their own,
+/// and a drain notice longer than HAProxy's checks take to see it.
+const REPLICA: [&str; 6] = [
+    "--parallel",
+    "1",
+    "--queue-depth",
+    "1",
+    "--drain-notice-ms",
+    "1000",
+];
+
+#[test]
+fn a_saturated_replica_leaves_rotation_and_the_other_serves() {
+    let r1 = Server::start(&REPLICA);
+    let r2 = Server::start(&REPLICA);
+    let lb = Haproxy::start([&r1, &r2], 2);
+
+    // Replica 1 is saturated by traffic that does not pass HAProxy: a running
+    // stream and a queued one fill its slot and its queue.
+    let running = open_stream(r1.addr, &long_stream(4000));
+    let queued = std::thread::spawn({
+        let addr = r1.addr;
+        move || {
+            let s = http::Sse::open(
+                addr,
+                "/v1/completions",
+                long_stream(4000).to_string().as_bytes(),
+                Duration::from_secs(600),
+            );
+            s.map(|s| s.status)
+        }
+    });
+    wait_until(Duration::from_secs(30), "replica 1's queue full", || {
+        r1.metric("sluice_queue_depth") == 1.0
+    });
+    // Its queued request waits past the sojourn target: not ready.
+    wait_until(Duration::from_secs(30), "replica 1 not ready", || {
+        let r = request(r1.addr, "GET", "/readyz", None, &[]);
+        r.status == 503 && r.body_json()["reason"] == "queue sojourn above target"
+    });
+    lb.wait_for("replica1 is DOWN", 1);
+
+    for i in 0..4 {
+        let r = lb.post(&short(i));
+        assert_eq!(r.status, 200, "{}", r.body_json());
+        assert_eq!(r.header("X-Served-By"), Some("replica2"));
+    }
+    assert_eq!(
+        r1.metric("sluice_requests_rejected_total{reason=\"queue_full\"}"),
+        0.0
+    );
+
+    // Freed, it comes back.
+    drop(running);
+    lb.wait_for("replica1 is UP", 1);
+    drop(queued);
+}
+
+#[test]
+fn a_draining_replica_loses_no_request_and_a_started_stream_is_not_sent_twice() {
+    let mut r1 = Server::start(&REPLICA);
+    let mut r2 = Server::start(&REPLICA);
+    let lb = Haproxy::start([&r1, &r2], 2);
+
+    // A stream through HAProxy; the replica serving it is then stopped.
+    let mut stream = open_stream(lb.addr, &long_stream(150));
+    let victim_name = served_by(&stream.headers);
+    let (victim, other) = match victim_name.as_str() {
+        "replica1" => (&mut r1, &mut r2),
+        "replica2" => (&mut r2, &mut r1),
+        v => panic!("served by '{v}'"),
+    };
+    let other_name = if victim_name == "replica1" {
+        "replica2"
+    } else {
+        "replica1"
+    };
+    victim.signal("TERM");
+    wait_until(Duration::from_secs(10), "the replica not ready", || {
+        let r = request(victim.addr, "GET", "/readyz", None, &[]);
+        r.status == 503 && r.body_json()["reason"] == "draining"
+    });
+
+    // During the drain every request through HAProxy is answered, by the
+    // other replica: directly, or after the draining one said 503. Four at
+    // once, so that HAProxy sends some to the draining replica while it is
+    // still in rotation; then four more, one at a time.
+    let addr = lb.addr;
+    let burst: Vec<_> = (0..4)
+        .map(|i| std::thread::spawn(move || post_json(addr, "/v1/completions", &short(i))))
+        .collect();
+    let mut answers: Vec<Response> = burst
+        .into_iter()
+        .map(|h| h.join().expect("client"))
+        .collect();
+    answers.extend((4..8).map(|i| lb.post(&short(i))));
+    for (i, r) in answers.iter().enumerate() {
+        assert_eq!(
+            r.status,
+            200,
+            "request {i} during the drain: {}",
+            r.body_json()
+        );
+        assert_eq!(r.header("X-Served-By"), Some(other_name));
+    }
+    let on_other = answers.len();
+    // The stream ends normally where it started.
+    let mut tokens = 1;
+    let mut done = false;
+    while let Some(data) = stream.next_data().expect("well-formed stream") {
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        let v: Value = serde_json::from_str(&data).expect("JSON event");
+        assert!(v.get("error").is_none(), "{v}");
+        tokens += 1;
+    }
+    assert!(done && tokens >= 150, "{tokens} events");
+    assert_eq!(victim.wait_exit(Duration::from_secs(60)), Some(0));
+    lb.wait_for(&format!("{victim_name} is DOWN"), 1);
+
+    // Nothing was sent twice: the other replica admitted exactly what it answered.
+    assert_eq!(
+        other.metric("sluice_requests_accepted_total"),
+        on_other as f64
+    );
+    let r = lb.post(&short(99));
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn a_stream_cut_by_its_replica_is_not_retried() {
+    let mut r1 = Server::start(&[
+        "--parallel",
+        "1",
+        "--queue-depth",
+        "1",
+        "--drain-timeout-ms",
+        "500",
+    ]);
+    let mut r2 = Server::start(&[
+        "--parallel",
+        "1",
+        "--queue-depth",
+        "1",
+        "--drain-timeout-ms",
+        "500",
+    ]);
+    let lb = Haproxy::start([&r1, &r2], 2);
+    let mut stream = open_stream(lb.addr, &long_stream(4000));
+    let victim = served_by(&stream.headers);
+    let (victim, other) = if victim == "replica1" {
+        (&mut r1, &mut r2)
+    } else {
+        (&mut r2, &mut r1)
+    };
+    victim.signal("TERM");
+    // The drain's deadline passes: the stream ends with an error event.
+    let mut error = None;
+    while let Some(v) = stream.next_json().expect("well-formed stream") {
+        if let Some(e) = v.get("error") {
+            error = Some(e["code"].clone());
+            break;
+        }
+    }
+    assert_eq!(error, Some(json!("shutting_down")));
+    assert_eq!(victim.wait_exit(Duration::from_secs(60)), Some(0));
+    assert_eq!(
+        other.metric("sluice_requests_accepted_total"),
+        0.0,
+        "HAProxy did not send the cut stream again"
+    );
+}
