@@ -68,6 +68,15 @@ pub fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
     configure(s, timeout)
 }
 
+/// A TCP socket for `addr`'s family, to set options on before it connects.
+fn tcp_socket(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )
+}
+
 /// Connects with a receive buffer of about `rcvbuf_bytes` (set before the
 /// connection, so the window is small from the start; Linux doubles it): a
 /// slow reader whose kernel does not read ahead for it.
@@ -76,11 +85,7 @@ pub fn connect_with_rcvbuf(
     timeout: Duration,
     rcvbuf_bytes: usize,
 ) -> io::Result<TcpStream> {
-    let sock = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
+    let sock = tcp_socket(addr)?;
     sock.set_recv_buffer_size(rcvbuf_bytes)?;
     sock.connect_timeout(&addr.into(), timeout)?;
     configure(sock.into(), timeout)
@@ -93,11 +98,7 @@ pub fn connect_from(
     source: std::net::IpAddr,
     timeout: Duration,
 ) -> io::Result<TcpStream> {
-    let sock = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
+    let sock = tcp_socket(addr)?;
     sock.bind(&SocketAddr::new(source, 0).into())?;
     sock.connect_timeout(&addr.into(), timeout)?;
     configure(sock.into(), timeout)
