@@ -998,12 +998,13 @@ impl Engine {
         // Readiness follows the interactive queue only: batch work is meant to
         // stand in its queue, and a box whose interactive requests start in
         // time can take more of them.
-        let (shedding, left_above) = self.codel[Class::Interactive.index()]
+        let i = Class::Interactive.index();
+        let (shedding, left_above) = self.codel[i]
             .as_ref()
             .map_or((false, false), |c| (c.is_shedding(), c.is_above_target()));
         // CoDel learns of a long wait only when the request leaves the queue;
         // while every slot stays busy, the head's own wait tells it sooner.
-        let head_above = match (&self.held[Class::Interactive.index()], self.cfg.shed[0]) {
+        let head_above = match (&self.held[i], self.cfg.shed[i]) {
             (Some(job), Some((target, _))) => job.enqueued_at.elapsed() > target,
             _ => false,
         };
