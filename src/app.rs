@@ -213,7 +213,10 @@ fn serve(cfg: Config) -> Result<(), String> {
             "sluice: rate limit per client (API key, or address): {} tokens of work/s, bucket {} tokens; {} clients kept at most",
             l.rate_tok_s, l.burst, cfg.client_table_max
         ),
-        None => eprintln!("sluice: rate limit per client: off, except for keys that set one"),
+        None if cfg.api_keys.is_some() => {
+            eprintln!("sluice: rate limit per client: off, except for keys that set one")
+        }
+        None => eprintln!("sluice: rate limit per client: off"),
     }
     match cfg.shed {
         Some((target, interval)) => eprintln!(
