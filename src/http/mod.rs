@@ -160,11 +160,11 @@ fn handle(state: &AppState, req: Request) {
         (Method::Get, "/livez" | "/health") => {
             let age = state.metrics.heartbeat_age();
             if age < LIVENESS_STALE {
-                respond_json(req, 200, &json!({"status": "ok"}), None);
+                respond_json(req, 200, &json!({"status": "ok"}));
             } else {
                 let body =
                     json!({"status": "engine stalled", "heartbeat_age_ms": age.as_millis() as u64});
-                respond_json(req, 503, &body, None);
+                respond_json(req, 503, &body);
             }
         }
         // Readiness: not while draining, nor while requests leave the queue
@@ -173,9 +173,9 @@ fn handle(state: &AppState, req: Request) {
             Some(reason) => {
                 let shedding = state.metrics.shedding.load(Ordering::Relaxed);
                 let body = json!({"status": "not ready", "reason": reason, "shedding": shedding});
-                respond_json(req, 503, &body, None);
+                respond_json(req, 503, &body);
             }
-            None => respond_json(req, 200, &json!({"status": "ready"}), None),
+            None => respond_json(req, 200, &json!({"status": "ready"})),
         },
         (Method::Get, "/v1/models") => {
             if let Err(e) = authenticate(state, &req) {
@@ -193,7 +193,7 @@ fn handle(state: &AppState, req: Request) {
                     "context_length": state.seq_tokens_max,
                 }],
             });
-            respond_json(req, 200, &body, None);
+            respond_json(req, 200, &body);
         }
         (Method::Get, "/metrics") => {
             let (rates, class_bounds) = state.queue.snapshot();
@@ -365,20 +365,18 @@ fn header(name: &str, value: &str) -> Header {
     Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("static header is valid")
 }
 
-fn respond_json(req: Request, status: u16, body: &Value, retry_after_s: Option<u64>) {
-    let mut resp = Response::from_string(body.to_string())
+fn json_response(status: u16, body: &Value) -> Response<std::io::Cursor<Vec<u8>>> {
+    Response::from_string(body.to_string())
         .with_status_code(status)
-        .with_header(header("Content-Type", "application/json"));
-    if let Some(s) = retry_after_s {
-        resp.add_header(header("Retry-After", &s.to_string()));
-    }
-    let _ = req.respond(resp);
+        .with_header(header("Content-Type", "application/json"))
+}
+
+fn respond_json(req: Request, status: u16, body: &Value) {
+    let _ = req.respond(json_response(status, body));
 }
 
 fn respond_error(req: Request, e: &ApiError) {
-    let mut resp = Response::from_string(e.to_json().to_string())
-        .with_status_code(e.status())
-        .with_header(header("Content-Type", "application/json"));
+    let mut resp = json_response(e.status(), &e.to_json());
     if let Some(s) = e.retry_after_s() {
         resp.add_header(header("Retry-After", &s.to_string()));
     }
@@ -438,7 +436,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     let probe = req.take_peer_socket();
     // The log names the client (its key's name, never the key; or its
     // address) and the class once they are known.
-    let mut tags = format!(" client={}", client_label(state, client.id));
+    let mut tags = format!(" client={}", client.label);
     let prepared = caller_timeout_ms(&req, state.cfg.request_timeout_ms).and_then(|timeout_ms| {
         let class = priority_class(&req)?;
         let (valid, prompt) = prepare(state, &mut req, api)?;
@@ -458,33 +456,34 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     let prompt_tokens = prompt.len();
     // The client's bucket pays for the work the request may ask for.
     let cost = (prompt_tokens + gen.max_tokens) as u64;
-    let bucket = client.limit.map(|limit| Charged {
-        limiter: &state.limiter,
-        id: client.id,
-        limit,
-        unused: cost,
-    });
-    let mut bucket = bucket;
-    if let Some(b) = &mut bucket {
-        if let Err(refused) = state.limiter.charge(b.id, b.limit, cost) {
-            b.unused = 0; // nothing was taken
-            state
-                .metrics
-                .class(class)
-                .rate_limited
-                .fetch_add(1, Ordering::Relaxed);
-            let e = ApiError::RateLimited {
-                cost,
-                available: refused.available,
-                burst: b.limit.burst,
-                rate_tok_s: b.limit.rate_tok_s,
-                retry_after_s: refused.retry_after_s,
-            };
-            log_request(&path, &tags, t0, &outcome_of_error(&e));
-            respond_error(req, &e);
-            return;
-        }
-    }
+    let mut bucket = match client.limit {
+        None => None,
+        Some(limit) => match state.limiter.charge(client.id, limit, cost) {
+            Ok(()) => Some(Charged {
+                limiter: &state.limiter,
+                id: client.id,
+                limit,
+                unused: cost,
+            }),
+            Err(refused) => {
+                state
+                    .metrics
+                    .class(class)
+                    .rate_limited
+                    .fetch_add(1, Ordering::Relaxed);
+                let e = ApiError::RateLimited {
+                    cost,
+                    available: refused.available,
+                    burst: limit.burst,
+                    rate_tok_s: limit.rate_tok_s,
+                    retry_after_s: refused.retry_after_s,
+                };
+                log_request(&path, &tags, t0, &outcome_of_error(&e));
+                respond_error(req, &e);
+                return;
+            }
+        },
+    };
     let max_tokens = gen.max_tokens;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
@@ -569,19 +568,12 @@ impl Drop for Charged<'_> {
     }
 }
 
-/// How the log names a client.
-fn client_label(state: &AppState, id: ClientId) -> String {
-    match (id, &state.cfg.api_keys) {
-        (ClientId::Key(i), Some(keys)) => keys.key(i).name.clone(),
-        (ClientId::Key(i), None) => format!("key#{i}"),
-        (ClientId::Addr(ip), _) => ip.to_string(),
-    }
-}
-
 /// Who a request comes from, and the bucket it is charged to.
 struct Client {
     id: ClientId,
     limit: Option<Limit>,
+    /// What the log calls it: its key's name (never the key), or its address.
+    label: String,
 }
 
 /// With `--api-key-file`, the request's key must be known (401 otherwise) and
@@ -601,6 +593,7 @@ fn authenticate(state: &AppState, req: &Request) -> Result<Client, ApiError> {
         return Ok(Client {
             id: ClientId::Addr(ip),
             limit: default,
+            label: ip.to_string(),
         });
     };
     let presented = req
@@ -615,6 +608,7 @@ fn authenticate(state: &AppState, req: &Request) -> Result<Client, ApiError> {
         Some(i) => Ok(Client {
             id: ClientId::Key(i),
             limit: keys.key(i).limit(default),
+            label: keys.key(i).name.clone(),
         }),
         None => Err(ApiError::Unauthorized { missing: false }),
     }
@@ -1058,7 +1052,7 @@ fn whole_reply(
             Event::End { finish, usage } => {
                 let entries: Vec<&TokenLogprob> = logprobs.iter().collect();
                 let lp = v.top_logprobs.map(|_| entries.as_slice());
-                respond_json(req, 200, &meta.response(&text, lp, finish, usage), None);
+                respond_json(req, 200, &meta.response(&text, lp, finish, usage));
                 return Outcome {
                     status: 200,
                     usage,
