@@ -58,11 +58,49 @@ pub struct Bounds {
     pub queued_tokens_max: usize,
 }
 
-/// What the typical request costs: `--typical-prompt-tokens`, `--typical-max-tokens`.
+/// What the typical request costs: prompt tokens prefilled and tokens
+/// generated. Seeded by `--typical-prompt-tokens` and `--typical-max-tokens`,
+/// then learned from the requests that complete ([`Mix`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Typical {
     pub prompt_tokens: usize,
     pub max_tokens: usize,
+}
+
+/// Weight of one completed request in the learned mix: about the last 1/w
+/// requests count.
+const MIX_WEIGHT: f64 = 1.0 / 16.0;
+
+/// The request mix as it arrives: running means of the prompt tokens each
+/// completed request had prefilled (what the prefix cache did not hold) and of
+/// the tokens it generated, starting from the configured typical request.
+/// Pure.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mix {
+    prompt_tokens: f64,
+    generated_tokens: f64,
+}
+
+impl Mix {
+    pub fn new(seed: Typical) -> Mix {
+        Mix {
+            prompt_tokens: seed.prompt_tokens as f64,
+            generated_tokens: seed.max_tokens as f64,
+        }
+    }
+
+    pub fn observe(&mut self, prompt_tokens: usize, generated_tokens: usize) {
+        self.prompt_tokens += MIX_WEIGHT * (prompt_tokens as f64 - self.prompt_tokens);
+        self.generated_tokens += MIX_WEIGHT * (generated_tokens as f64 - self.generated_tokens);
+    }
+
+    pub fn typical(&self) -> Typical {
+        Typical {
+            prompt_tokens: self.prompt_tokens.round() as usize,
+            // At least one token: a request that generates nothing still costs a step.
+            max_tokens: (self.generated_tokens.round() as usize).max(1),
+        }
+    }
 }
 
 /// Request service rate: the box is compute-bound, so one typical request costs
@@ -171,7 +209,16 @@ pub struct QueueGauge {
 struct State {
     load: Load,
     rates: Rates,
+    mix: Mix,
     bounds: [Bounds; Class::COUNT],
+}
+
+impl State {
+    /// The bounds of each class from the rates and the mix in force.
+    fn derive(&mut self, policies: &[Policy; Class::COUNT]) {
+        let typical = self.mix.typical();
+        self.bounds = policies.map(|p| derive_bounds(self.rates, &Policy { typical, ..p }));
+    }
 }
 
 impl QueueGauge {
@@ -186,6 +233,7 @@ impl QueueGauge {
             state: Mutex::new(State {
                 load: Load::default(),
                 rates,
+                mix: Mix::new(policies[Class::Interactive.index()].typical),
                 bounds: policies.map(|p| derive_bounds(rates, &p)),
             }),
             slots,
@@ -290,7 +338,20 @@ impl QueueGauge {
     pub fn set_rates(&self, rates: Rates) {
         let mut s = self.lock();
         s.rates = rates;
-        s.bounds = self.policies.map(|p| derive_bounds(rates, &p));
+        s.derive(&self.policies);
+    }
+
+    /// A request completed, having prefilled `prompt_tokens` and generated
+    /// `generated_tokens`: μ_req, and so L_max, follow the work that arrives.
+    pub fn observe_request(&self, prompt_tokens: usize, generated_tokens: usize) {
+        let mut s = self.lock();
+        s.mix.observe(prompt_tokens, generated_tokens);
+        s.derive(&self.policies);
+    }
+
+    /// The typical request the bounds are derived from now.
+    pub fn typical(&self) -> Typical {
+        self.lock().mix.typical()
     }
 
     /// The rates and each class's bounds in force now.
@@ -372,7 +433,9 @@ impl Admission {
     }
 
     pub fn submit(&self, job: Job) -> Result<(), ApiError> {
-        let tokens = job.prompt.len();
+        // Prompt tokens found in the prefix cache are not prefilled: they do
+        // not count against the queued-token budget.
+        let tokens = job.queued_tokens();
         let class = job.class;
         let counters = self.metrics.class(class);
         if let Err(r) = self.gauge.reserve(class, tokens) {
@@ -595,6 +658,50 @@ mod tests {
             g.reserve(I, 10).unwrap_err().bound,
             QueueBound::Requests,
             "1 + 9"
+        );
+    }
+
+    #[test]
+    fn the_bound_follows_the_mix_of_requests_that_complete() {
+        // Seeded with 100 + 150 tokens: 1.5 s per request, L_max = ceil(0.667 * 5) = 4.
+        let g = QueueGauge::new(1, 1, RATES, [policy(5000, None); 2]);
+        assert_eq!(g.snapshot().1[0].queue_depth_max, 4);
+        // Requests of 40 prefilled + 30 generated tokens: 0.4 s each, L_max 13 -> 9.
+        for _ in 0..200 {
+            g.observe_request(40, 30);
+        }
+        assert_eq!(
+            g.typical(),
+            Typical {
+                prompt_tokens: 40,
+                max_tokens: 30
+            }
+        );
+        assert_eq!(g.snapshot().1[0].queue_depth_max, 9);
+        // Then long answers: 0 + 600 tokens, 4 s each: L_max 2.
+        for _ in 0..200 {
+            g.observe_request(0, 600);
+        }
+        assert_eq!(g.snapshot().1[0].queue_depth_max, 2);
+        // The operator's depth is never overridden.
+        let g = QueueGauge::new(1, 1, RATES, [policy(5000, Some(3)); 2]);
+        g.observe_request(1, 1);
+        assert_eq!(g.snapshot().1[0].queue_depth_max, 3);
+    }
+
+    #[test]
+    fn one_request_moves_the_mix_by_a_sixteenth() {
+        let mut m = Mix::new(Typical {
+            prompt_tokens: 160,
+            max_tokens: 160,
+        });
+        m.observe(0, 0);
+        assert_eq!(
+            m.typical(),
+            Typical {
+                prompt_tokens: 150,
+                max_tokens: 150
+            }
         );
     }
 

@@ -1,10 +1,11 @@
 //! Start-up: parse the command line, load the model, wire the stages together.
 
-use crate::admission::{Admission, QueueGauge, Queues, Rates};
+use crate::admission::{Admission, Rates};
 use crate::config::{Cli, Command, Config};
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
 use crate::engine::ffi::{self, Context, ContextParams, Model};
+use crate::engine::prefix::PrefixCache;
 use crate::engine::{self, EngineConfig};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
@@ -84,8 +85,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     // It calibrates, reports, and waits for its queue, which is sized from that.
     type Ready = Result<(usize, Option<Calibration>, Arc<ffi::AbortWatch>), String>;
     let (ready_tx, ready_rx) = bounded::<Ready>(1);
-    type Wiring = (Queues, Arc<QueueGauge>, CostModel);
-    let (queue_tx, queue_rx) = bounded::<Wiring>(1);
+    let (queue_tx, queue_rx) = bounded::<engine::Wiring>(1);
     let engine_cfg = EngineConfig {
         parallel: cfg.parallel,
         n_ctx,
@@ -100,8 +100,10 @@ fn serve(cfg: Config) -> Result<(), String> {
         batch_slots: cfg.batch_slots(),
         batch_kv_cells: cfg.batch_kv_cells(n_ctx),
         batch_every: cfg.batch_every,
+        prefix_cache_entries: cfg.prefix_cache_entries,
     };
     let calibrate = cfg.rates.is_none();
+    let (flash_attn, kv_type) = (cfg.flash_attn, cfg.kv_type);
     let engine_thread = {
         let model = Arc::clone(&model);
         let metrics = Arc::clone(&metrics);
@@ -112,9 +114,12 @@ fn serve(cfg: Config) -> Result<(), String> {
                 let params = ContextParams {
                     n_ctx: engine_cfg.n_ctx as u32,
                     n_batch: engine_cfg.n_batch as u32,
-                    n_seq_max: engine_cfg.parallel as u32,
+                    // The slots' sequences, then the prefix cache entries'.
+                    n_seq_max: (engine_cfg.parallel + engine_cfg.prefix_cache_entries) as u32,
                     cpus: engine_cfg.cpus.clone(),
                     poll: engine_cfg.poll,
+                    flash_attn,
+                    kv_type,
                 };
                 let ctx = Context::new(Arc::clone(&model), &params);
                 ffi::set_current_thread_name("sluice-engine");
@@ -137,8 +142,8 @@ fn serve(cfg: Config) -> Result<(), String> {
                     None
                 };
                 let _ = ready_tx.send(Ok((ctx.n_ctx(), calibration, ctx.abort_handle())));
-                if let Ok((jobs, gauge, cost)) = queue_rx.recv() {
-                    engine::run(model, ctx, engine_cfg, cost, jobs, metrics, gauge);
+                if let Ok(wiring) = queue_rx.recv() {
+                    engine::run(model, ctx, engine_cfg, metrics, wiring);
                 }
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?
@@ -179,7 +184,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     );
     let (_, [bounds, batch_bounds]) = gauge.snapshot();
     eprintln!(
-        "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {}{} (mu_prefill {:.0} tok/s x W_max); refined online from every step",
+        "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens until completed requests say otherwise), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {}{} (mu_prefill {:.0} tok/s x W_max); refined online from every step and every completed request",
         bounds.mu_req,
         cfg.typical.prompt_tokens,
         cfg.typical.max_tokens,
@@ -226,8 +231,21 @@ fn serve(cfg: Config) -> Result<(), String> {
         ),
         None => eprintln!("sluice: shedding off (--no-shed)"),
     }
+    let prefix = PrefixCache::new(cfg.parallel as i32, cfg.prefix_cache_entries);
+    let prefix_index = prefix.index();
+    match cfg.prefix_cache_entries {
+        0 => eprintln!("sluice: prefix cache: off (--prefix-cache-entries 0)"),
+        n => eprintln!(
+            "sluice: prefix cache: up to {n} finished sequences keep their KV cells for requests that start with the same tokens; evicted least recently used first, and before any request waits for cells"
+        ),
+    }
     queue_tx
-        .send((jobs, Arc::clone(&gauge), cost))
+        .send(engine::Wiring {
+            jobs,
+            queue: Arc::clone(&gauge),
+            cost,
+            prefix,
+        })
         .map_err(|_| "the engine thread died while starting".to_string())?;
 
     let addr = format!("{}:{}", cfg.host, cfg.port);
@@ -270,6 +288,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         stopping: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         prompter,
+        prefix: prefix_index,
         admission,
         queue: gauge,
         metrics,

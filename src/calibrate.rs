@@ -29,6 +29,8 @@ pub fn run(args: CalibrateArgs) -> Result<(), String> {
             n_seq_max: n_seq as u32,
             cpus: cpus.clone(),
             poll: args.poll,
+            flash_attn: args.flash_attn,
+            kv_type: args.kv_type,
         },
     );
     ffi::set_current_thread_name("sluice-calib");

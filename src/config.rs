@@ -6,6 +6,7 @@
 
 use crate::admission::{Policy, Rates, Typical, QUEUE_DEPTH_SAFE_MAX};
 use crate::auth::KeyFile;
+use crate::engine::ffi::{FlashAttn, KvType};
 use crate::priority::Class;
 use crate::ratelimit::Limit;
 use argh::FromArgs;
@@ -142,6 +143,21 @@ pub struct ServeArgs {
     /// sequences decoded together (continuous batching; default: 4)
     #[argh(option, default = "4")]
     pub parallel: usize,
+    /// finished sequences whose KV cells are kept for requests that start with
+    /// the same tokens (prefix cache; evicted least recently used first, and
+    /// before any request waits for cells; 0 turns it off) (default: 16)
+    #[argh(
+        option,
+        default = "crate::engine::prefix::PREFIX_CACHE_ENTRIES_DEFAULT"
+    )]
+    pub prefix_cache_entries: usize,
+    /// KV cache type: f16, or q8_0 (half the memory; needs flash attention)
+    /// (default: f16)
+    #[argh(option, default = "KvType::F16", from_str_fn(parse_kv_type))]
+    pub kv_type: KvType,
+    /// flash attention: on, off or auto (llama.cpp decides) (default: auto)
+    #[argh(option, default = "FlashAttn::Auto", from_str_fn(parse_flash_attn))]
+    pub flash_attn: FlashAttn,
     /// inter-token latency target in ms: a step with running streams takes only
     /// as many prefill tokens as keep it within this (default: 150)
     #[argh(option, default = "150")]
@@ -287,6 +303,12 @@ pub struct CalibrateArgs {
     /// ggml worker polling level, 0 to 100 (default: 50)
     #[argh(option, default = "50")]
     pub poll: u32,
+    /// KV cache type: f16 or q8_0 (default: f16)
+    #[argh(option, default = "KvType::F16", from_str_fn(parse_kv_type))]
+    pub kv_type: KvType,
+    /// flash attention: on, off or auto (default: auto)
+    #[argh(option, default = "FlashAttn::Auto", from_str_fn(parse_flash_attn))]
+    pub flash_attn: FlashAttn,
 }
 
 /// The validated serve configuration.
@@ -299,6 +321,9 @@ pub struct Config {
     pub cpus: Vec<usize>,
     pub ctx_tokens: Option<usize>,
     pub parallel: usize,
+    pub prefix_cache_entries: usize,
+    pub kv_type: KvType,
+    pub flash_attn: FlashAttn,
     /// `--step-tokens`: a fixed step budget; `None` derives it from the ITL target.
     pub step_tokens: Option<usize>,
     pub itl_target: Duration,
@@ -342,6 +367,20 @@ impl Config {
     pub fn from_args(a: ServeArgs) -> Result<Config, String> {
         let cpus = compute_cpus(a.threads)?;
         check_range("--parallel", a.parallel, 1, PARALLEL_MAX)?;
+        check_range(
+            "--prefix-cache-entries",
+            a.prefix_cache_entries,
+            0,
+            PARALLEL_MAX - a.parallel,
+        )
+        .map_err(|e| {
+            format!("{e} (each entry is a llama.cpp sequence beside the --parallel ones, {PARALLEL_MAX} in all)")
+        })?;
+        if a.kv_type == KvType::Q8_0 && a.flash_attn == FlashAttn::Off {
+            return Err(
+                "--kv-type q8_0 needs flash attention (llama.cpp quantizes the V cache only with it); use --flash-attn on or auto".into(),
+            );
+        }
         let queue_depth_cap = if a.queue_depth_unsafe {
             QUEUE_DEPTH_UNSAFE_MAX
         } else {
@@ -518,6 +557,9 @@ impl Config {
             cpus,
             ctx_tokens: a.ctx,
             parallel: a.parallel,
+            prefix_cache_entries: a.prefix_cache_entries,
+            kv_type: a.kv_type,
+            flash_attn: a.flash_attn,
             step_tokens: a.step_tokens,
             itl_target: Duration::from_millis(a.itl_target_ms),
             queue_wait: Duration::from_millis(a.queue_wait_ms),
@@ -553,7 +595,7 @@ impl Config {
 }
 
 /// `sluice serve`'s options (they take a value); see [`args_with_env`].
-const SERVE_OPTIONS: [&str; 37] = [
+const SERVE_OPTIONS: [&str; 40] = [
     "model",
     "model-name",
     "host",
@@ -561,6 +603,9 @@ const SERVE_OPTIONS: [&str; 37] = [
     "threads",
     "ctx",
     "parallel",
+    "prefix-cache-entries",
+    "kv-type",
+    "flash-attn",
     "itl-target-ms",
     "step-tokens",
     "queue-wait-ms",
@@ -643,6 +688,23 @@ pub fn args_with_env(
     }
     args.splice(2..2, extra);
     Ok(args)
+}
+
+fn parse_kv_type(v: &str) -> Result<KvType, String> {
+    match v {
+        "f16" => Ok(KvType::F16),
+        "q8_0" => Ok(KvType::Q8_0),
+        _ => Err(format!("--kv-type is '{v}'; it must be f16 or q8_0")),
+    }
+}
+
+fn parse_flash_attn(v: &str) -> Result<FlashAttn, String> {
+    match v {
+        "auto" => Ok(FlashAttn::Auto),
+        "on" => Ok(FlashAttn::On),
+        "off" => Ok(FlashAttn::Off),
+        _ => Err(format!("--flash-attn is '{v}'; it must be on, off or auto")),
+    }
 }
 
 fn check_range(flag: &str, v: usize, lo: usize, hi: usize) -> Result<(), String> {

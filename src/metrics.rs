@@ -111,6 +111,12 @@ pub struct Metrics {
     pub prefill_tokens: AtomicU64,
     /// Prompt tokens never prefilled because their request was cancelled.
     pub prefill_tokens_abandoned: AtomicU64,
+    /// Prompt tokens taken from the prefix cache instead of prefilled.
+    pub prefix_tokens_reused: AtomicU64,
+    /// Tokens of prefix cache entries evicted (for room, or for an id).
+    pub prefix_tokens_evicted: AtomicU64,
+    prefix_entries: AtomicUsize,
+    prefix_cells: AtomicUsize,
     /// `llama_decode` passes stopped mid-way because every sequence in them
     /// was cancelled.
     pub decodes_aborted: AtomicU64,
@@ -168,6 +174,10 @@ impl Default for Metrics {
             tokens_after_cancel: AtomicU64::new(0),
             prefill_tokens: AtomicU64::new(0),
             prefill_tokens_abandoned: AtomicU64::new(0),
+            prefix_tokens_reused: AtomicU64::new(0),
+            prefix_tokens_evicted: AtomicU64::new(0),
+            prefix_entries: AtomicUsize::new(0),
+            prefix_cells: AtomicUsize::new(0),
             decodes_aborted: AtomicU64::new(0),
             cancel_lag_steps: AtomicU64::new(0),
             cancel_lag_steps_max: AtomicU64::new(0),
@@ -289,6 +299,12 @@ impl Metrics {
             .store(kv_cells_reserved, Ordering::Relaxed);
     }
 
+    /// What the prefix cache holds: entries, and the KV cells they hold at most.
+    pub fn set_prefix_gauges(&self, entries: usize, cells: usize) {
+        self.prefix_entries.store(entries, Ordering::Relaxed);
+        self.prefix_cells.store(cells, Ordering::Relaxed);
+    }
+
     /// Prometheus text exposition format.
     pub fn render(
         &self,
@@ -367,6 +383,30 @@ impl Metrics {
         );
         counter(
             &mut out,
+            "sluice_prefix_cache_tokens_reused_total",
+            "Prompt tokens taken from the prefix cache instead of prefilled.",
+            l(&self.prefix_tokens_reused),
+        );
+        counter(
+            &mut out,
+            "sluice_prefix_cache_tokens_evicted_total",
+            "Tokens of prefix cache entries evicted (least recently used first).",
+            l(&self.prefix_tokens_evicted),
+        );
+        gauge(
+            &mut out,
+            "sluice_prefix_cache_entries",
+            "Finished sequences whose KV cells are kept for reuse.",
+            self.prefix_entries.load(Ordering::Relaxed) as f64,
+        );
+        gauge(
+            &mut out,
+            "sluice_prefix_cache_cells",
+            "KV cells the prefix cache entries hold at most (evicted before any request waits for cells).",
+            self.prefix_cells.load(Ordering::Relaxed) as f64,
+        );
+        counter(
+            &mut out,
             "sluice_cancel_lag_steps_total",
             "Engine steps begun between a cancel and the KV cells being freed, summed over cancellations.",
             l(&self.cancel_lag_steps),
@@ -415,7 +455,7 @@ impl Metrics {
         counter(
             &mut out,
             "sluice_prompt_tokens_total",
-            "Prompt tokens prefilled.",
+            "Prompt tokens of requests whose first token was sampled (prefilled or taken from the prefix cache).",
             l(&self.prompt_tokens),
         );
         counter(

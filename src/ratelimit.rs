@@ -135,6 +135,16 @@ impl Buckets {
         }
     }
 
+    /// Takes `tokens` more from `id`'s bucket for work that cost more than its
+    /// charge said (a prompt expected in the prefix cache was not): the level
+    /// may fall below zero, a debt the refill pays before the next charge.
+    pub fn debit(&mut self, id: ClientId, limit: Limit, tokens: u64, now: Instant) {
+        if let Some(b) = self.table.get_mut(&id) {
+            b.refill(limit, now);
+            b.level -= tokens as f64;
+        }
+    }
+
     /// Drops one bucket: one that has refilled to its burst (the default limit's,
     /// a cheap and safe test), or else the one used longest ago.
     fn evict(&mut self, limit: Limit, now: Instant) {
@@ -197,6 +207,12 @@ impl RateLimiter {
     pub fn refund(&self, id: ClientId, limit: Limit, tokens: u64) {
         if tokens > 0 {
             self.lock().refund(id, limit, tokens, Instant::now());
+        }
+    }
+
+    pub fn debit(&self, id: ClientId, limit: Limit, tokens: u64) {
+        if tokens > 0 {
+            self.lock().debit(id, limit, tokens, Instant::now());
         }
     }
 

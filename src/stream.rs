@@ -67,6 +67,8 @@ impl FinishReason {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Of the prompt tokens, those taken from the prefix cache (not prefilled).
+    pub cached_tokens: usize,
 }
 
 /// Why the engine ended a request with an error.

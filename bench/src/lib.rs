@@ -9,12 +9,14 @@
 //!   disconnecting clients, timeouts, retries).
 //! - `client`: one simulated client.
 //! - `hol`: the head-of-line figure (streams running while a long prompt arrives).
+//! - `conversation`: a multi-turn chat that re-sends its history every turn.
 //! - `runner`: open and closed loops, progress, target sampling, `/metrics` deltas.
 //! - `stats`: outcomes, latency histograms, goodput.
 //! - `plot`: the sweep's SVG.
 
 pub mod arrivals;
 pub mod client;
+pub mod conversation;
 pub mod hol;
 pub mod http;
 pub mod plot;

@@ -35,12 +35,14 @@ const SWEEP_MULTIPLES: [f64; 9] = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.
 /// --long-prompt-tokens arrives), long-prompts (chat traffic with a share of
 /// long prompts), slow-readers, disconnects, sweep (0.25x to 3x
 /// capacity, with an SVG plot of goodput and p99 TTFT), run (open loop at
-/// --rate), closed (closed loop at --concurrency). Scenarios that need the
+/// --rate), closed (closed loop at --concurrency), conversation (--turns turns
+/// of one chat that re-sends its history, after a system prompt of
+/// --system-tokens: time to first token per turn). Scenarios that need the
 /// capacity measure it first unless --capacity is given. `plot` sends no load:
 /// it redraws the SVG of the sweep report named by --out.
 struct Args {
     /// capacity, overload, hol, long-prompts, slow-readers, disconnects, sweep,
-    /// run, closed or plot
+    /// run, closed, conversation or plot
     #[argh(positional)]
     scenario: String,
     /// server base URL (default: http://127.0.0.1:8080)
@@ -84,6 +86,18 @@ struct Args {
     /// max_tokens per request, same forms (default: uniform:32:128)
     #[argh(option, default = "String::from(\"uniform:32:128\")")]
     max_tokens: String,
+    /// every request sends the same prompt (what a prompt cache serves)
+    #[argh(switch)]
+    repeat_prompt: bool,
+    /// tokens of the conversation's system prompt (default: 1500)
+    #[argh(option, default = "1500")]
+    system_tokens: u64,
+    /// turns of the conversation (default: 5)
+    #[argh(option, default = "5")]
+    turns: usize,
+    /// max_tokens of each conversation answer (default: 64)
+    #[argh(option, default = "64")]
+    answer_tokens: u64,
     /// share of requests with a long prompt (default: 0; long-prompts: 0.05)
     #[argh(option)]
     long_share: Option<f64>,
@@ -181,7 +195,9 @@ fn run(a: Args) -> Result<(), String> {
         "long-prompts" => (0.05, 0.0, 0.0),
         "slow-readers" => (0.0, 0.25, 0.0),
         "disconnects" => (0.0, 0.0, 0.3),
-        "capacity" | "overload" | "sweep" | "run" | "closed" | "hol" => (0.0, 0.0, 0.0),
+        "capacity" | "overload" | "sweep" | "run" | "closed" | "hol" | "conversation" => {
+            (0.0, 0.0, 0.0)
+        }
         other => return Err(format!("unknown scenario '{other}' (see --help)")),
     };
     let mut workload = Workload {
@@ -199,6 +215,7 @@ fn run(a: Args) -> Result<(), String> {
             a.retry_max,
             Duration::from_secs_f64(a.retry_cap_s.max(0.0)),
         )?,
+        repeat_prompt: a.repeat_prompt,
     };
     if let Some(path) = &a.workload {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
@@ -325,6 +342,36 @@ fn run(a: Args) -> Result<(), String> {
             print_hol(&r);
             result = r.to_json();
         }
+        "conversation" => {
+            let conv = sluice_bench::conversation::ConversationConfig {
+                system_tokens: a.system_tokens,
+                turns: a.turns.max(1),
+                answer_tokens: a.answer_tokens.max(1),
+                seed: a.seed,
+                timeout: Duration::from_secs_f64(positive("--timeout-s", a.timeout_s)?.max(600.0)),
+            };
+            let turns = sluice_bench::conversation::run(&cfg.target, &conv)?;
+            println!(
+                "\nconversation: system prompt ~{} tokens, {} turns",
+                conv.system_tokens, conv.turns
+            );
+            println!(
+                "{:>5} {:>10} {:>10} {:>8} {:>8}",
+                "turn", "ttft ms", "total ms", "prompt", "cached"
+            );
+            let opt = |v: Option<u64>| v.map_or("-".to_string(), |n| n.to_string());
+            for (i, t) in turns.iter().enumerate() {
+                println!(
+                    "{:>5} {:>10.0} {:>10.0} {:>8} {:>8}",
+                    i + 1,
+                    t.ttft.as_secs_f64() * 1e3,
+                    t.total.as_secs_f64() * 1e3,
+                    opt(t.prompt_tokens),
+                    opt(t.cached_tokens)
+                );
+            }
+            result = sluice_bench::conversation::to_json(&turns);
+        }
         "long-prompts" | "slow-readers" | "disconnects" => {
             let r = open_loop(&cfg, &phases_at(&[(0.7, 1.0)]));
             print_table(&format!("{scenario} at 0.7x capacity"), &r);
@@ -446,7 +493,7 @@ fn params_json(a: &Args, cfg: &RunConfig) -> Value {
         "disconnect_share": w.disconnect_share, "disconnect_after_tokens": w.disconnect_after_tokens,
         "timeout_s": w.timeout.as_secs_f64(), "retry": format!("{:?}", w.retry),
         "slo_ttft_ms": a.slo_ttft_ms, "slo_itl_ms": a.slo_itl_ms, "seed": a.seed, "pid": a.pid,
-        "workload_file": a.workload,
+        "workload_file": a.workload, "repeat_prompt": w.repeat_prompt,
     })
 }
 

@@ -99,7 +99,13 @@ pub struct Workload {
     /// A client gives up after this long (counted as a timeout).
     pub timeout: Duration,
     pub retry: Retry,
+    /// Every request sends the same prompt text (of the first draw's length):
+    /// what a server's prompt cache can serve, unlike fresh prompts.
+    pub repeat_prompt: bool,
 }
+
+/// The text seed of every request when prompts repeat.
+const REPEATED_TEXT_SEED: u64 = 1;
 
 /// How one client reads its stream.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -128,6 +134,9 @@ impl Workload {
         let long = rng.chance(self.long_share);
         let prompt_tokens = if long {
             self.long_prompt_tokens
+        } else if self.repeat_prompt {
+            let mut first = Rng::new(REPEATED_TEXT_SEED);
+            self.prompt_tokens.sample(&mut first)
         } else {
             self.prompt_tokens.sample(rng)
         };
@@ -148,7 +157,10 @@ impl Workload {
             max_tokens: self.max_tokens.sample(rng).max(1),
             long,
             reader,
-            text_seed: rng.next_u64(),
+            text_seed: match rng.next_u64() {
+                _ if self.repeat_prompt => REPEATED_TEXT_SEED,
+                seed => seed,
+            },
         }
     }
 
@@ -241,6 +253,7 @@ mod tests {
             disconnect_after_tokens: 4,
             timeout: Duration::from_secs(60),
             retry: Retry::None,
+            repeat_prompt: false,
         }
     }
 
@@ -289,6 +302,22 @@ mod tests {
         assert!(w
             .apply_json(&serde_json::json!({"slow_share": 0.7, "disconnect_share": 0.7}))
             .is_err());
+    }
+
+    #[test]
+    fn repeated_prompts_are_one_prompt() {
+        let mut w = base();
+        w.prompt_tokens = Dist::Uniform(20, 200);
+        w.repeat_prompt = true;
+        let mut rng = Rng::new(3);
+        let a = w.draw(&mut rng);
+        let b = w.draw(&mut rng);
+        assert_eq!(
+            (a.prompt_tokens, a.text_seed),
+            (b.prompt_tokens, b.text_seed)
+        );
+        w.repeat_prompt = false;
+        assert_ne!(w.draw(&mut rng).text_seed, w.draw(&mut rng).text_seed);
     }
 
     #[test]

@@ -418,6 +418,44 @@ pub struct ContextParams {
     pub cpus: Vec<usize>,
     /// ggml's hybrid polling level (0 = sleep at once after a pass, 100 = spin long).
     pub poll: u32,
+    pub flash_attn: FlashAttn,
+    pub kv_type: KvType,
+}
+
+/// Flash attention: on the CPU its kernel skips the cells a sequence does not
+/// own (masked), so a sequence pays for its own depth, not for the others'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlashAttn {
+    /// llama.cpp decides (on where the CPU backend supports it).
+    Auto,
+    On,
+    Off,
+}
+
+/// The type KV cells are stored in (K and V alike).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvType {
+    F16,
+    /// Half the memory; a quantized V cache needs flash attention.
+    Q8_0,
+}
+
+impl KvType {
+    /// Bytes per cell of one layer's K or V row of `n` values.
+    pub fn row_bytes(self, n: usize) -> usize {
+        match self {
+            KvType::F16 => 2 * n,
+            // Blocks of 32 values: 32 bytes and a 2-byte scale.
+            KvType::Q8_0 => n.div_ceil(32) * 34,
+        }
+    }
+
+    fn ggml(self) -> sys::ggml_type {
+        match self {
+            KvType::F16 => sys::GGML_TYPE_F16,
+            KvType::Q8_0 => sys::GGML_TYPE_Q8_0,
+        }
+    }
 }
 
 /// The one llama context: KV cache, compute graph, and the persistent threadpool.
@@ -511,10 +549,25 @@ impl Context {
             cp.n_batch = p.n_batch;
             cp.n_ubatch = p.n_batch;
             cp.n_seq_max = p.n_seq_max;
+            // llama.cpp sizes its output buffer for at least one row per
+            // sequence (prefix cache entries included), and asserts that this
+            // fits n_outputs_max (n_batch unless given).
+            cp.n_outputs_max = p.n_batch.max(p.n_seq_max);
             cp.n_threads = n_threads;
             cp.n_threads_batch = n_threads;
+            // One pool of cells shared by all sequences: a prefix is shared
+            // between sequences without a copy, and one request may use all of
+            // it. (Per-sequence streams would split every step with sequences
+            // in several streams into several passes over the weights.)
             cp.kv_unified = true;
             cp.no_perf = true;
+            cp.flash_attn_type = match p.flash_attn {
+                FlashAttn::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
+                FlashAttn::On => sys::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                FlashAttn::Off => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            };
+            cp.type_k = p.kv_type.ggml();
+            cp.type_v = p.kv_type.ggml();
             let ptr = match NonNull::new(sys::llama_init_from_model(model.ptr.as_ptr(), cp)) {
                 Some(ptr) => ptr,
                 None => {
@@ -603,6 +656,16 @@ impl Context {
         unsafe {
             let mem = sys::llama_get_memory(self.ptr.as_ptr());
             sys::llama_memory_seq_rm(mem, seq, -1, -1);
+        }
+    }
+
+    /// Gives `dst` the cells `src` holds at positions `p0..p1` (-1: to the
+    /// end). In the unified cache the cells are shared, not copied: each is
+    /// freed when no sequence holds it any more.
+    pub fn share_cells(&mut self, src: i32, dst: i32, p0: i32, p1: i32) {
+        unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_cp(mem, src, dst, p0, p1);
         }
     }
 

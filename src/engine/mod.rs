@@ -18,6 +18,7 @@ pub mod cost;
 pub mod ffi;
 pub mod logprobs;
 pub mod planner;
+pub mod prefix;
 pub mod text;
 
 use crate::admission::{QueueGauge, Queues};
@@ -32,6 +33,7 @@ use cost::{Chunk, CostModel};
 use crossbeam_channel::{Select, Sender, TrySendError};
 use ffi::{Batch, Context, Model, SamplingParams, Token};
 use planner::{Phase, SeqView, Work};
+use prefix::PrefixCache;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -74,12 +76,22 @@ pub struct Job {
     pub events: Sender<Event>,
     /// Set by the handler when it stops waiting for this job.
     pub cancel: CancelFlag,
+    /// Prompt tokens the handler found in the prefix cache when it admitted
+    /// the job (`PrefixIndex::reusable`): admission counted only the rest.
+    pub cached_estimate: usize,
 }
 
 impl Job {
-    /// KV cells the job may occupy at most.
+    /// KV cells the job may occupy at most (cells it shares with the prefix
+    /// cache included).
     pub fn kv_cells(&self) -> usize {
         self.prompt.len() + self.gen.max_tokens
+    }
+
+    /// Prompt tokens admission counts for the job while it waits: the ones it
+    /// was expected to prefill.
+    pub fn queued_tokens(&self) -> usize {
+        self.prompt.len().saturating_sub(self.cached_estimate)
     }
 }
 
@@ -112,6 +124,8 @@ pub struct EngineConfig {
     /// A sequence paused this long without a break (its reader takes nothing)
     /// is cancelled.
     pub stall_timeout: Duration,
+    /// Finished sequences kept in the KV cache for reuse (0: no prefix cache).
+    pub prefix_cache_entries: usize,
 }
 
 /// One admitted request, bound to a slot (= llama.cpp sequence id).
@@ -122,6 +136,11 @@ struct Seq {
     text: TextAssembler,
     /// Tokens of this sequence already in the KV cache.
     n_past: usize,
+    /// Those tokens (`n_past` of them): what a prefix cache entry made of
+    /// this sequence holds.
+    kv_tokens: Vec<Token>,
+    /// Prompt tokens taken from the prefix cache instead of prefilled.
+    reused: usize,
     /// The last sampled token, to be decoded next step.
     next_token: Option<Token>,
     /// When the last token was sampled.
@@ -165,16 +184,30 @@ impl Seq {
     }
 }
 
+/// What the engine is handed once admission exists: its queues, admission's
+/// gauge (told of starts, ends and measured rates), the cost model seeded by
+/// calibration, and the prefix cache (whose index the handlers hold).
+pub struct Wiring {
+    pub jobs: Queues,
+    pub queue: Arc<QueueGauge>,
+    pub cost: CostModel,
+    pub prefix: PrefixCache,
+}
+
 /// Runs the engine loop until the job channel is closed and no work is left.
 pub fn run(
     model: Arc<Model>,
     mut ctx: Context,
     cfg: EngineConfig,
-    cost: CostModel,
-    jobs: Queues,
     metrics: Arc<Metrics>,
-    queue: Arc<QueueGauge>,
+    wiring: Wiring,
 ) {
+    let Wiring {
+        jobs,
+        queue,
+        cost,
+        prefix,
+    } = wiring;
     assert!(cfg.n_batch >= cfg.parallel, "n_batch below --parallel");
     assert_eq!(cfg.n_batch, ctx.n_batch(), "n_batch of the context");
     assert!(
@@ -194,6 +227,7 @@ pub fn run(
         rates_published_at: Instant::now(),
         kv_cells_reserved: 0,
         batch_kv_cells_reserved: 0,
+        prefix,
         admitted: 0,
         codel: cfg
             .shed
@@ -209,7 +243,7 @@ pub fn run(
         let closed = if engine.shutdown.is_shutdown() {
             engine.refuse_queued(&jobs)
         } else {
-            engine.admit(&jobs)
+            engine.admit(&mut ctx, &jobs)
         };
         let views = engine.views();
         let budget = engine.step_budget(&views);
@@ -247,6 +281,9 @@ struct Engine {
     kv_cells_reserved: usize,
     /// Of those, the ones reserved by batch requests.
     batch_kv_cells_reserved: usize,
+    /// Finished sequences' cells kept for reuse: they come on top of
+    /// `kv_cells_reserved`, and are evicted before anything waits for cells.
+    prefix: PrefixCache,
     admitted: u64,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
@@ -389,7 +426,7 @@ impl Engine {
     /// Admits queued jobs while a slot and their KV cells are free, the higher
     /// class first (under `Picker`'s anti-starvation rule). Returns true when
     /// the job channels are closed.
-    fn admit(&mut self, jobs: &Queues) -> bool {
+    fn admit(&mut self, ctx: &mut Context, jobs: &Queues) -> bool {
         // A batch job waiting for KV cells must not hold up interactive ones.
         let mut batch_blocked = false;
         let closed = loop {
@@ -405,7 +442,7 @@ impl Engine {
             let job = self.held[class.index()]
                 .take()
                 .expect("the picker picks a class that waits");
-            match self.try_start(slot, job) {
+            match self.try_start(ctx, slot, job) {
                 Start::Started => self.picker.started(class, batch && batch_may_start),
                 Start::Refused => {}
                 // Not enough KV cells: it keeps its place at the head, and
@@ -435,7 +472,7 @@ impl Engine {
 
     /// Starts `job` in `slot`, or refuses it (deadline passed, client gone,
     /// shed); gives it back when its KV cells are not free yet.
-    fn try_start(&mut self, slot: usize, job: Job) -> Start {
+    fn try_start(&mut self, ctx: &mut Context, slot: usize, job: Job) -> Start {
         let now = Instant::now();
         let class = job.class;
         // Dead work: its caller has given up, so it never costs a FLOP.
@@ -450,16 +487,18 @@ impl Engine {
         }
         // Its client left while it waited: it never runs either.
         if let Some(reason) = job.cancel.reason() {
-            self.queue.dropped(class, job.prompt.len());
+            self.queue.dropped(class, job.queued_tokens());
             self.metrics.count_cancel(reason);
             return Start::Refused;
         }
         let cells = job.kv_cells();
         let batch_over =
             class == Class::Batch && self.batch_kv_cells_reserved + cells > self.cfg.batch_kv_cells;
+        // Cached prefixes never make a job wait: they are evicted for it.
         if self.kv_cells_reserved + cells > self.cfg.n_ctx || batch_over {
             return Start::NoRoom(job);
         }
+        let (source, reuse) = self.reuse_source(&job);
         let sojourn = now.saturating_duration_since(job.enqueued_at);
         let shed = self.cfg.shed[class.index()];
         let codel = self.codel[class.index()].as_mut();
@@ -481,7 +520,7 @@ impl Engine {
         // not by the queue.
         if let Some((target, _)) = shed {
             let w_max = self.cfg.queue_wait[class.index()];
-            let p = job.prompt.len();
+            let p = job.prompt.len() - reuse;
             let own = self.prefill_forecast(p);
             let (late, forecast) = if own <= target {
                 let forecast = self.prefill_forecast(p + self.prefill_ahead(class, p));
@@ -493,7 +532,7 @@ impl Engine {
                 let message = format!(
                     "shed: it waited {} ms, and its {} prompt tokens need about {} ms more before a first token: past the {} ms budget of {} requests",
                     sojourn.as_millis(),
-                    job.prompt.len(),
+                    p,
                     forecast.as_millis(),
                     w_max.as_millis(),
                     class.as_str()
@@ -506,8 +545,16 @@ impl Engine {
         if class == Class::Batch {
             self.batch_kv_cells_reserved += cells;
         }
+        if let Some(src) = source.filter(|_| reuse > 0) {
+            ctx.share_cells(src, slot as i32, 0, reuse as i32);
+            self.prefix.touch(src);
+            self.metrics
+                .prefix_tokens_reused
+                .fetch_add(reuse as u64, Ordering::Relaxed);
+        }
+        self.make_room(ctx);
         self.admitted += 1;
-        self.queue.started(class, job.prompt.len());
+        self.queue.started(class, job.queued_tokens());
         self.metrics.record_queue_wait(sojourn);
         self.metrics
             .class(class)
@@ -517,7 +564,9 @@ impl Engine {
             sampler: ffi::Sampler::new(&job.gen.sampling),
             text: TextAssembler::new(job.gen.stop.clone()),
             admitted: self.admitted,
-            n_past: 0,
+            n_past: reuse,
+            kv_tokens: job.prompt[..reuse].to_vec(),
+            reused: reuse,
             next_token: None,
             last_token_at: None,
             prefill_s_per_token: None,
@@ -530,6 +579,46 @@ impl Engine {
         };
         self.slots[slot] = Some(seq);
         Start::Started
+    }
+
+    /// Where `job` may take its prompt's first tokens from instead of
+    /// prefilling them: the prefix cache entry or the running sequence that
+    /// shares the longest prefix with it. (source seq id, tokens to reuse).
+    /// A job that wants its prompt's log-probabilities prefills all of it.
+    fn reuse_source(&self, job: &Job) -> (Option<i32>, usize) {
+        if job.gen.echo_logprobs || !self.prefix.is_enabled() {
+            return (None, 0);
+        }
+        let running = self
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(slot, s)| Some((slot as i32, s.as_ref()?)))
+            .map(|(slot, s)| (slot, prefix::common_prefix(&s.kv_tokens, &job.prompt)))
+            .max_by_key(|&(_, n)| n);
+        let best = match (self.prefix.best(&job.prompt), running) {
+            (Some(c), Some(r)) => Some(if r.1 > c.1 { r } else { c }),
+            (c, r) => c.or(r),
+        };
+        match best {
+            Some((src, n)) => (Some(src), prefix::reusable(n, job.prompt.len())),
+            None => (None, 0),
+        }
+    }
+
+    /// Evicts cached prefixes, least recently used first, until they and the
+    /// running sequences' reservations fit the KV cache.
+    fn make_room(&mut self, ctx: &mut Context) {
+        while self.kv_cells_reserved + self.prefix.cells() > self.cfg.n_ctx {
+            let Some((seq, tokens)) = self.prefix.evict_lru() else {
+                break;
+            };
+            ctx.clear_sequence(seq);
+            self.metrics
+                .prefix_tokens_evicted
+                .fetch_add(tokens as u64, Ordering::Relaxed);
+        }
+        debug_assert!(self.kv_cells_reserved + self.prefix.cells() <= self.cfg.n_ctx);
     }
 
     /// Shutdown: every queued job is answered without running. Returns true
@@ -554,7 +643,7 @@ impl Engine {
     /// frees its place in admission.
     fn refuse(&mut self, job: Job, why: Dropped, message: String) {
         let class = job.class;
-        self.queue.dropped(class, job.prompt.len());
+        self.queue.dropped(class, job.queued_tokens());
         let by_class = self.metrics.class(class);
         let (counter, kind, message) = match why {
             Dropped::Deadline => {
@@ -720,6 +809,14 @@ impl Engine {
         let seq = self.slots[slot].as_mut().expect("decoded slot is active");
         let prompt_len = seq.job.prompt.len();
         let was_prefill = seq.n_past < prompt_len;
+        // The tokens whose cells this decode wrote.
+        if was_prefill {
+            let from = seq.n_past;
+            seq.kv_tokens
+                .extend_from_slice(&seq.job.prompt[from..from + n]);
+        } else if let Some(t) = seq.next_token {
+            seq.kv_tokens.push(t);
+        }
         if was_prefill && seq.job.gen.echo_logprobs {
             let top_n = seq.job.gen.top_logprobs.unwrap_or(0);
             if seq.n_past == 0 {
@@ -753,6 +850,11 @@ impl Engine {
         if was_prefill {
             self.metrics
                 .record_prefill_done(prompt_len, seq.job.enqueued_at.elapsed());
+            if self.prefix.is_enabled() {
+                self.prefix
+                    .index()
+                    .set_running(slot, Arc::from(&seq.job.prompt[..]));
+            }
             if seq.job.gen.echo_logprobs {
                 let logprobs = std::mem::take(&mut seq.prompt_logprobs);
                 seq.outbox.push_back(Event::Prompt { logprobs });
@@ -841,18 +943,22 @@ impl Engine {
             usage: Usage {
                 prompt_tokens: seq.job.prompt.len(),
                 completion_tokens: seq.completion_tokens,
+                cached_tokens: seq.reused,
             },
         });
         debug_assert!(seq.outbox.len() <= OUTBOX_EVENTS_MAX + 1);
         seq.done = true;
         let class = seq.job.class;
-        self.release_kv(ctx, slot);
+        self.release_kv(ctx, slot, true);
         self.metrics.completed.fetch_add(1, Ordering::Relaxed);
         self.metrics
             .class(class)
             .completed
             .fetch_add(1, Ordering::Relaxed);
         self.metrics.record_request_time(seq_arrival.elapsed());
+        let seq = self.slots[slot].as_ref().expect("finishing slot is active");
+        self.queue
+            .observe_request(seq.job.prompt.len() - seq.reused, seq.completion_tokens);
         self.flush(ctx, slot);
     }
 
@@ -867,21 +973,38 @@ impl Engine {
             message,
         });
         seq.done = true;
-        self.release_kv(ctx, slot);
+        self.release_kv(ctx, slot, false);
         self.metrics.failed.fetch_add(1, Ordering::Relaxed);
         self.flush(ctx, slot);
     }
 
-    fn release_kv(&mut self, ctx: &mut Context, slot: usize) {
+    /// Frees the slot's KV cells, or, with `keep` (its cells hold what its
+    /// tokens say: it completed or was cancelled, not failed), moves them into
+    /// a prefix cache entry. Either way its reservation ends.
+    fn release_kv(&mut self, ctx: &mut Context, slot: usize, keep: bool) {
         let seq = self.slots[slot].as_mut().expect("slot is active");
-        if seq.n_past > 0 || seq.next_token.is_some() {
-            ctx.clear_sequence(slot as i32);
-            debug_assert_eq!(
-                ctx.sequence_pos_max(slot as i32),
-                -1,
-                "KV cells of slot {slot} not freed"
-            );
+        let tokens = std::mem::take(&mut seq.kv_tokens);
+        debug_assert_eq!(tokens.len(), seq.n_past, "kv_tokens follow n_past");
+        if let Some(kept) = keep.then(|| self.prefix.insert(tokens)).flatten() {
+            for &(old, n) in &kept.evicted {
+                ctx.clear_sequence(old);
+                self.metrics
+                    .prefix_tokens_evicted
+                    .fetch_add(n as u64, Ordering::Relaxed);
+            }
+            for &old in &kept.covered {
+                ctx.clear_sequence(old);
+            }
+            ctx.share_cells(slot as i32, kept.seq, -1, -1);
         }
+        self.prefix.index().clear_running(slot);
+        ctx.clear_sequence(slot as i32);
+        debug_assert_eq!(
+            ctx.sequence_pos_max(slot as i32),
+            -1,
+            "KV cells of slot {slot} not freed"
+        );
+        let seq = self.slots[slot].as_mut().expect("slot is active");
         seq.n_past = 0;
         seq.next_token = None;
         let cells = seq.job.kv_cells();
@@ -966,7 +1089,7 @@ impl Engine {
             self.metrics
                 .prefill_tokens_abandoned
                 .fetch_add(unprefilled as u64, Ordering::Relaxed);
-            self.release_kv(ctx, slot);
+            self.release_kv(ctx, slot, true);
             self.metrics.count_cancel(reason);
         }
         self.slots[slot] = None;
@@ -995,6 +1118,8 @@ impl Engine {
         let used: usize = self.slots.iter().flatten().map(|s| s.n_past).sum();
         self.metrics
             .set_engine_gauges(active, paused, self.kv_cells_reserved, used);
+        self.metrics
+            .set_prefix_gauges(self.prefix.len(), self.prefix.cells());
         // Readiness follows the interactive queue only: batch work is meant to
         // stand in its queue, and a box whose interactive requests start in
         // time can take more of them.

@@ -19,6 +19,7 @@ use crate::admission::{Admission, QueueGauge};
 use crate::auth;
 use crate::config::Config;
 use crate::engine::ffi::{self, SamplingParams};
+use crate::engine::prefix::PrefixIndex;
 use crate::engine::{GenParams, Job};
 use crate::metrics::Metrics;
 use crate::priority::Class;
@@ -54,6 +55,9 @@ const PEER_PROBE_INTERVAL: Duration = Duration::from_millis(20);
 pub struct AppState {
     pub cfg: Config,
     pub prompter: Prompter,
+    /// What the prefix cache holds: a request is charged (client bucket,
+    /// queued-token budget) only for the prompt tokens it will prefill.
+    pub prefix: Arc<PrefixIndex>,
     pub admission: Admission,
     /// What is waiting in admission, and the bounds (for `/metrics`).
     pub queue: Arc<QueueGauge>,
@@ -197,6 +201,7 @@ fn handle(state: &AppState, req: Request) {
         }
         (Method::Get, "/metrics") => {
             let (rates, class_bounds) = state.queue.snapshot();
+            let typical = state.queue.typical();
             let bounds = class_bounds[Class::Interactive.index()];
             let classes = |f: &dyn Fn(Class) -> f64| Class::ALL.map(f);
             let class_gauges = [
@@ -290,6 +295,16 @@ fn handle(state: &AppState, req: Request) {
                     "sluice_mu_requests_per_second",
                     "Request service rate for the typical request.",
                     bounds.mu_req,
+                ),
+                (
+                    "sluice_typical_prompt_tokens",
+                    "Prompt tokens a typical request prefills (learned from completed requests; cached tokens excluded).",
+                    typical.prompt_tokens as f64,
+                ),
+                (
+                    "sluice_typical_generated_tokens",
+                    "Tokens a typical request generates (learned from completed requests).",
+                    typical.max_tokens as f64,
                 ),
                 (
                     "sluice_queue_wait_budget_seconds",
@@ -454,8 +469,15 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     };
     tags.push_str(&format!(" class={}", class.as_str()));
     let prompt_tokens = prompt.len();
+    // Prompt tokens the prefix cache holds are not prefilled, and not charged
+    // (the engine decides again at start; `settle` below evens it out).
+    let cached_estimate = if gen.echo_logprobs {
+        0
+    } else {
+        state.prefix.reusable(&prompt)
+    };
     // The client's bucket pays for the work the request may ask for.
-    let cost = (prompt_tokens + gen.max_tokens) as u64;
+    let cost = (prompt_tokens - cached_estimate + gen.max_tokens) as u64;
     let mut bucket = match client.limit {
         None => None,
         Some(limit) => match state.limiter.charge(client.id, limit, cost) {
@@ -497,6 +519,7 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         deadline: Some(t0 + Duration::from_millis(timeout_ms)),
         events: tx,
         cancel: cancel.clone(),
+        cached_estimate,
     };
     let prompt_ids_for_echo = match (&valid.input, valid.echo) {
         (Input::Tokens(ids), true) => Some(ids.clone()),
@@ -543,9 +566,17 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
         metrics: Arc::clone(&state.metrics),
     };
     let mut outcome = reply(req, &meta, &valid, echo_text, &waiter);
-    // The prompt was charged and taken; the tokens not generated go back.
+    // The prompt was charged and taken; the tokens not generated go back,
+    // and so does the difference between the cached tokens expected and
+    // those reused, once the engine has said (its End event).
     if let Some(b) = &mut bucket {
         b.unused = max_tokens.saturating_sub(outcome.usage.completion_tokens) as u64;
+        if outcome.usage.prompt_tokens > 0 {
+            let reused = outcome.usage.cached_tokens;
+            b.unused += reused.saturating_sub(cached_estimate) as u64;
+            let more = cached_estimate.saturating_sub(reused) as u64;
+            state.limiter.debit(b.id, b.limit, more);
+        }
     }
     if outcome.usage.prompt_tokens == 0 {
         outcome.usage.prompt_tokens = prompt_tokens;

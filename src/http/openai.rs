@@ -111,6 +111,7 @@ fn usage_json(u: Usage) -> Value {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
     })
 }
 
@@ -215,8 +216,10 @@ mod tests {
         let u = meta.usage_chunk(Usage {
             prompt_tokens: 3,
             completion_tokens: 4,
+            cached_tokens: 2,
         });
         assert_eq!(u["choices"], json!([]));
         assert_eq!(u["usage"]["total_tokens"], 7);
+        assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
     }
 }

@@ -353,10 +353,14 @@ fn the_queue_bound_follows_the_rates_measured_online() {
     let srv = Server::start(&["--mu-prefill", "5", "--mu-decode", "5", "--parallel", "2"]);
     assert_eq!(srv.metric("sluice_queue_depth_max"), 1.0);
     assert_eq!(srv.metric("sluice_queued_prompt_tokens_max"), 25.0);
-    for i in 0..3 {
+    // Enough prefill to learn from: the estimate moves by the share of a time
+    // constant each step takes, so a fast box (short steps) needs more steps.
+    for i in 0..6 {
         let r = srv.post(
             "/v1/completions",
-            &json!({"prompt": long_prompt(5 + i), "max_tokens": 64, "ignore_eos": true, "temperature": 0}),
+            // Each prompt new from its first token: prefilled whole, not taken
+            // from the prefix cache, so that prefill is measured.
+            &json!({"prompt": format!("Request {i}.\n{}", long_prompt(20 + i)), "max_tokens": 64, "ignore_eos": true, "temperature": 0}),
         );
         assert_eq!(r.status, 200);
     }

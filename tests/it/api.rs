@@ -60,7 +60,18 @@ fn greedy_is_deterministic_and_streaming_matches_the_whole_response() {
     );
     let last = chunks.last().unwrap();
     assert_eq!(last["choices"], json!([]));
-    assert_eq!(last["usage"], *usage);
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert_eq!(last["usage"][k], usage[k], "{k}");
+    }
+    // The repeats took the prompt from the prefix cache, all but its last token.
+    let prompt_tokens = usage["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 0);
+    for u in [&b["usage"], &last["usage"]] {
+        assert_eq!(
+            u["prompt_tokens_details"]["cached_tokens"],
+            prompt_tokens - 1
+        );
+    }
 }
 
 #[test]

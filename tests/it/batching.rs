@@ -27,15 +27,27 @@ const TOP1_AGREEMENT_MIN: f64 = 0.95;
 const LOGPROB_DELTA_MAX: f64 = 1.0;
 const LOGPROB_DELTA_MEAN_MAX: f64 = 0.05;
 
-struct Scored {
-    token_ids: Vec<i64>,
+pub struct Scored {
+    pub token_ids: Vec<i64>,
     texts: Vec<String>,
     logprobs: Vec<Option<f64>>,
     /// Top-1 token text at each position (None for the first prompt token).
     top1: Vec<Option<String>>,
 }
 
-fn scored(v: &Value) -> Scored {
+impl Scored {
+    /// Positions `from..`.
+    pub fn tail(&self, from: usize) -> Scored {
+        Scored {
+            token_ids: self.token_ids[from..].to_vec(),
+            texts: self.texts[from..].to_vec(),
+            logprobs: self.logprobs[from..].to_vec(),
+            top1: self.top1[from..].to_vec(),
+        }
+    }
+}
+
+pub fn scored(v: &Value) -> Scored {
     let lp = &v["choices"][0]["logprobs"];
     let arr = |k: &str| {
         lp[k]
@@ -67,7 +79,7 @@ fn scored(v: &Value) -> Scored {
     }
 }
 
-struct Agreement {
+pub struct Agreement {
     top1: f64,
     delta_max: f64,
     delta_mean: f64,
@@ -75,7 +87,7 @@ struct Agreement {
 }
 
 impl Agreement {
-    fn check(&self, what: &str) {
+    pub fn check(&self, what: &str) {
         eprintln!(
             "{what}: top-1 agreement {:.4}, |Δ logprob| max {:.4}, mean {:.5}, over {} positions",
             self.top1, self.delta_max, self.delta_mean, self.positions
@@ -99,7 +111,7 @@ impl Agreement {
 }
 
 /// Compares positions `from..` of two scorings of the same tokens.
-fn compare(a: &Scored, b: &Scored, from: usize) -> Agreement {
+pub fn compare(a: &Scored, b: &Scored, from: usize) -> Agreement {
     assert_eq!(
         a.token_ids, b.token_ids,
         "the two runs scored different tokens"
@@ -341,6 +353,8 @@ fn a_prompt_alone_takes_whole_chunks_and_beside_a_stream_only_what_the_itl_targe
     assert!(stream.next_json().is_some());
     let mixed = srv.metric("sluice_steps_mixed_total");
     let addr = srv.addr;
+    // Another prompt of the same size: the first is in the prefix cache now.
+    let long = json!({"prompt": format!("Again.\n{}", long_prompt(60)), "max_tokens": 1, "temperature": 0});
     let sender = std::thread::spawn(move || post_json(addr, "/v1/completions", &long));
     let mut budget_min = f64::MAX;
     while !sender.is_finished() {

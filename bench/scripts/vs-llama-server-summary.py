@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Medians over rounds of bench/scripts/vs-llama-server's figures, and the
+ratio sluice / llama-server of each, as a Markdown table (and summary.json).
+
+Usage: vs-llama-server-summary.py OUT_DIR
+"""
+import glob
+import json
+import os
+import statistics
+import sys
+
+out = sys.argv[1]
+SERVERS = ["sluice", "llama"]
+
+
+def rounds(server):
+    return sorted(glob.glob(os.path.join(out, server, "r*")))
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def closed(d, name):
+    r = load(os.path.join(d, f"{name}.json"))
+    if r is None:
+        return None
+    p = r["result"]["phases"][0]
+    ttft = (p.get("ttft") or {}).get("p50_ms")
+    return {"tok_s": p["tokens_per_s"], "ttft_p50_ms": ttft, "done": p["outcomes"].get("completed", 0),
+            "requests": p["requests"]}
+
+
+def conversation(d):
+    r = load(os.path.join(d, "conversation.json"))
+    if r is None:
+        return None
+    return [t["ttft_ms"] for t in r["result"]["turns"]]
+
+
+def hol(d):
+    r = load(os.path.join(d, "hol.json"))
+    if r is None:
+        return None
+    res = r["result"]
+    return {"long_ttft_s": res["long_ttft_ms"] / 1e3, "gap_max_ms": res["gaps_during_long_prefill"]["max_ms"]}
+
+
+def overload(d):
+    r = load(os.path.join(d, "overload.json"))
+    if r is None:
+        return None
+    phases = r["result"]["phases"]
+    over = phases[-1]
+    proc = r["result"].get("target_process") or {}
+    return {"goodput_rps": over["goodput_rps"], "offered_rps": over["offered_rps"],
+            "capacity_rps": r["capacity_rps"], "rss_mb_max": proc.get("rss_mb_max")}
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+figures = {}  # name -> server -> [per round]
+for s in SERVERS:
+    for d in rounds(s):
+        for prompts in ["fresh", "repeat"]:
+            for sampling in ["greedy", "sampled"]:
+                for c in [1, 2, 4, 8]:
+                    name = f"closed-{prompts}-{sampling}-c{c}"
+                    v = closed(d, name)
+                    for k in ["tok_s", "ttft_p50_ms", "done"]:
+                        figures.setdefault(f"{name} {k}", {}).setdefault(s, []).append(v and v[k])
+        conv = conversation(d)
+        for t in range(5):
+            figures.setdefault(f"conversation turn {t + 1} ttft_ms", {}).setdefault(s, []).append(
+                conv[t] if conv and len(conv) > t else None)
+        h = hol(d)
+        for k in ["long_ttft_s", "gap_max_ms"]:
+            figures.setdefault(f"hol {k}", {}).setdefault(s, []).append(h and h[k])
+        o = overload(d)
+        for k in ["capacity_rps", "goodput_rps", "rss_mb_max"]:
+            figures.setdefault(f"overload {k}", {}).setdefault(s, []).append(o and o[k])
+        if o:
+            figures.setdefault("overload goodput / capacity", {}).setdefault(s, []).append(
+                o["goodput_rps"] / o["capacity_rps"] if o["capacity_rps"] else None)
+
+summary = {}
+print(f"# sluice vs llama-server: medians over {len(rounds('sluice'))} rounds\n")
+print("| figure | sluice | llama-server | sluice / llama | rounds (sluice; llama) |")
+print("|---|---|---|---|---|")
+fmt = lambda x: "-" if x is None else (f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}")
+for name, by in figures.items():
+    a, b = med(by.get("sluice", [])), med(by.get("llama", []))
+    ratio = a / b if a is not None and b else None
+    summary[name] = {"sluice": a, "llama": b, "ratio": ratio,
+                     "rounds": {"sluice": by.get("sluice", []), "llama": by.get("llama", [])}}
+    per = "; ".join(" ".join(fmt(x) for x in by.get(s, [])) for s in SERVERS)
+    print(f"| {name} | {fmt(a)} | {fmt(b)} | {fmt(ratio)} | {per} |")
+with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)

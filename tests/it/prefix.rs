@@ -1,0 +1,341 @@
+//! The prefix cache: a request that starts with tokens a finished (or running)
+//! sequence holds takes their KV cells instead of prefilling them, with the
+//! same logits; cached cells give way under KV pressure and never fail or hold
+//! up a request; cached tokens are charged to nobody.
+
+use crate::batching::{compare, scored};
+use crate::harness::*;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn cached_tokens(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no usage.prompt_tokens_details.cached_tokens in {v}"))
+}
+
+fn prompt_tokens(v: &Value) -> u64 {
+    v["usage"]["prompt_tokens"].as_u64().expect("prompt_tokens")
+}
+
+/// Token ids of a completion's generated tokens (logprobs requested).
+fn generated_ids(v: &Value) -> Vec<i64> {
+    v["choices"][0]["logprobs"]["token_ids"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no token_ids in {v}"))
+        .iter()
+        .map(|t| t.as_i64().unwrap())
+        .collect()
+}
+
+fn complete(srv: &Server, body: Value) -> Value {
+    let r = srv.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.body_json()
+}
+
+#[test]
+fn a_reused_prefix_gives_the_logits_of_a_fresh_prefill() {
+    let srv = Server::start(&["--parallel", "2"]);
+    let n_gen = 32;
+    let prompt = long_prompt(20);
+    let body = |prompt: Value, n: usize| json!({"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 1});
+    // Fresh: the whole prompt is prefilled.
+    let fresh = complete(&srv, body(json!(prompt), n_gen));
+    assert_eq!(cached_tokens(&fresh), 0);
+    let n_prompt = prompt_tokens(&fresh);
+    assert!(n_prompt > 300, "prompt has {n_prompt} tokens");
+    let gen = generated_ids(&fresh);
+    assert_eq!(gen.len(), n_gen);
+
+    // The same prompt again: all but its last token come from the cache.
+    let prefilled = srv.metric("sluice_prefill_tokens_total");
+    let again = complete(&srv, body(json!(prompt), n_gen));
+    assert_eq!(cached_tokens(&again), n_prompt - 1);
+    assert_eq!(srv.metric("sluice_prefill_tokens_total") - prefilled, 1.0);
+    compare(&scored(&fresh), &scored(&again), 0).check("repeated prompt");
+
+    // The prompt as token ids (a scoring request, which prefills it all).
+    let v = complete(
+        &srv,
+        json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 0}),
+    );
+    assert_eq!(
+        cached_tokens(&v),
+        0,
+        "prompt log-probabilities need a prefill"
+    );
+    let ids = generated_ids(&v);
+    assert_eq!(ids.len() as u64, n_prompt);
+
+    // Teacher forcing through cells written by decoding: the prompt and the
+    // first half of the answer, whose cells the first requests generated.
+    let half = n_gen / 2;
+    let forced: Vec<i64> = ids.iter().chain(&gen[..half]).copied().collect();
+    let prefilled = srv.metric("sluice_prefill_tokens_total");
+    let rest = complete(&srv, body(json!(forced), n_gen - half));
+    assert_eq!(cached_tokens(&rest), forced.len() as u64 - 1);
+    assert_eq!(srv.metric("sluice_prefill_tokens_total") - prefilled, 1.0);
+    let rest = scored(&rest);
+    assert_eq!(
+        rest.token_ids,
+        gen[half..],
+        "the forced answer goes on the same way"
+    );
+    compare(&scored(&fresh).tail(half), &rest, 0).check("teacher forcing over decoded cells");
+}
+
+fn chat(srv: &Server, messages: &Value, max_tokens: usize) -> Value {
+    let r = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    r.body_json()
+}
+
+#[test]
+fn a_second_turn_prefills_only_its_new_tokens() {
+    let srv = Server::start(&[]);
+    let system = format!("You answer questions about this list.\n{}", long_prompt(30));
+    let mut messages = json!([
+        {"role": "system", "content": system},
+        {"role": "user", "content": "Which animal is on line 3?"},
+    ]);
+    let first = chat(&srv, &messages, 24);
+    assert_eq!(cached_tokens(&first), 0);
+    let turn1_prompt = prompt_tokens(&first);
+    assert!(
+        turn1_prompt > 500,
+        "turn 1 has {turn1_prompt} prompt tokens"
+    );
+    let answer = first["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let arr = messages.as_array_mut().unwrap();
+    arr.push(json!({"role": "assistant", "content": answer}));
+    arr.push(json!({"role": "user", "content": "And on line 4?"}));
+
+    let prefilled = srv.metric("sluice_prefill_tokens_total");
+    let reused = srv.metric("sluice_prefix_cache_tokens_reused_total");
+    let second = chat(&srv, &messages, 24);
+    let cached = cached_tokens(&second);
+    let new_tokens = prompt_tokens(&second) - cached;
+    assert!(
+        cached >= turn1_prompt,
+        "turn 2 reused {cached} tokens; turn 1's prompt alone had {turn1_prompt}"
+    );
+    assert_eq!(
+        srv.metric("sluice_prefill_tokens_total") - prefilled,
+        new_tokens as f64,
+        "turn 2 prefilled exactly the tokens it did not reuse"
+    );
+    assert_eq!(
+        srv.metric("sluice_prefix_cache_tokens_reused_total") - reused,
+        cached as f64
+    );
+    // Turn 2 covers turn 1: one entry, not two.
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0);
+}
+
+#[test]
+fn under_kv_pressure_cached_prefixes_are_evicted_and_every_request_completes() {
+    // 2048 cells; each request reserves ~420 and leaves ~420 cached.
+    let srv = Server::start(&["--ctx", "2048", "--parallel", "2", "--queue-depth", "4"]);
+    let addr = srv.addr;
+    let clients: Vec<_> = (0..2)
+        .map(|c| {
+            std::thread::spawn(move || {
+                for i in 0..6 {
+                    let prompt = format!("Client {c}, request {i}.\n{}", long_prompt(20 + i));
+                    let body = json!({"prompt": prompt, "max_tokens": 16, "ignore_eos": true, "temperature": 0});
+                    let r = post_json(addr, "/v1/completions", &body);
+                    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                    assert_eq!(r.body_json()["usage"]["completion_tokens"], 16);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().expect("client");
+    }
+    assert_eq!(srv.metric("sluice_requests_completed_total"), 12.0);
+    assert_eq!(srv.metric("sluice_requests_failed_total"), 0.0);
+    assert!(
+        srv.metric("sluice_prefix_cache_tokens_evicted_total") > 0.0,
+        "twelve ~420-token sequences in 2048 cells must evict"
+    );
+    let cells = srv.metric("sluice_prefix_cache_cells");
+    assert!(cells > 0.0 && cells <= 2048.0, "cached cells {cells}");
+}
+
+#[test]
+fn one_request_can_use_the_whole_context_beside_cached_prefixes() {
+    let srv = Server::start(&["--ctx", "1024", "--parallel", "2"]);
+    for i in 0..2 {
+        let prompt = format!("Note {i}.\n{}", long_prompt(14));
+        complete(
+            &srv,
+            json!({"prompt": prompt, "max_tokens": 8, "temperature": 0}),
+        );
+    }
+    let cached_before = srv.metric("sluice_prefix_cache_cells");
+    assert!(cached_before > 500.0, "cached {cached_before} cells");
+    // Prompt + max_tokens = the whole context: every cached cell must go.
+    let prompt = long_prompt(40);
+    let n_prompt = {
+        let v = complete(
+            &srv,
+            json!({"prompt": prompt, "max_tokens": 0, "echo": true, "logprobs": 0}),
+        );
+        prompt_tokens(&v) as usize
+    };
+    assert!(n_prompt < 1000, "prompt has {n_prompt} tokens");
+    let v = complete(
+        &srv,
+        json!({"prompt": prompt, "max_tokens": 1024 - n_prompt, "ignore_eos": true, "temperature": 0}),
+    );
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() as usize,
+        1024 - n_prompt
+    );
+    assert!(srv.metric("sluice_prefix_cache_tokens_evicted_total") >= cached_before);
+}
+
+#[test]
+fn cached_tokens_are_charged_neither_to_the_client_nor_to_the_token_budget() {
+    // A bucket of 500 tokens refilled at 1 token/s: a ~420-token prompt fits
+    // once; again, only its uncached token and its answer are charged.
+    let srv = Server::start(&[
+        "--client-rate",
+        "1",
+        "--client-burst",
+        "500",
+        "--parallel",
+        "1",
+        "--queued-tokens-max",
+        "100",
+    ]);
+    let prompt = long_prompt(20);
+    let body = |p: &str, n: usize| json!({"prompt": p, "max_tokens": n, "ignore_eos": true, "temperature": 0});
+    let first = complete(&srv, body(&prompt, 8));
+    let n = prompt_tokens(&first);
+    assert!(n > 300 && n < 490, "prompt has {n} tokens");
+    let again = complete(&srv, body(&prompt, 8));
+    assert_eq!(cached_tokens(&again), n - 1, "charged 1 + 8, not {n} + 8");
+    // A fresh prompt of the same size is charged in full, and refused.
+    let fresh = format!("Another list.\n{prompt}");
+    let r = srv.post("/v1/completions", &body(&fresh, 8));
+    assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.body_json();
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
+    assert!(v["error"]["rate_limit"]["cost_tokens"].as_u64().unwrap() > n);
+
+    // The queued-token budget (100) counts only what will be prefilled: with
+    // the one slot busy, the cached prompt waits in the queue as 1 token.
+    let srv = Server::start(&["--parallel", "1", "--queued-tokens-max", "100", "--no-shed"]);
+    complete(&srv, body(&prompt, 1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let busy = {
+        let (addr, stop) = (srv.addr, Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let b = json!({"prompt": "Hi", "stream": true, "max_tokens": 4000, "ignore_eos": true, "temperature": 0});
+            let mut s = Sse::open(addr, "/v1/completions", &b);
+            assert_eq!(s.status, 200);
+            while !stop.load(Ordering::Relaxed) && s.next_json().is_some() {}
+        })
+    };
+    wait_until(Duration::from_secs(60), "the slot to be busy", || {
+        srv.metric("sluice_sequences_active") == 1.0
+    });
+    let waiting = {
+        let (addr, b) = (srv.addr, body(&prompt, 1));
+        std::thread::spawn(move || post_json(addr, "/v1/completions", &b))
+    };
+    wait_until(Duration::from_secs(60), "the cached prompt to wait", || {
+        srv.metric("sluice_queue_depth") == 1.0
+    });
+    assert_eq!(srv.metric("sluice_queued_prompt_tokens"), 1.0);
+    // Beside it, a fresh prompt would break the budget: refused at once.
+    let r = srv.post("/v1/completions", &body(&fresh, 1));
+    assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.body_json();
+    assert_eq!(v["error"]["code"], "queue_token_budget", "{v}");
+    assert_eq!(v["error"]["queue"]["prompt_tokens"], 1, "{v}");
+    stop.store(true, Ordering::Relaxed);
+    busy.join().expect("busy stream");
+    let w = waiting.join().expect("waiting request");
+    assert_eq!(w.status, 200);
+    assert_eq!(cached_tokens(&w.body_json()), n - 1);
+}
+
+#[test]
+fn a_sequence_keeps_its_logits_while_others_kv_is_freed_evicted_and_reused() {
+    // Small steps and a small cache: the watched sequence's replay spans many
+    // steps, in which the others finish (freeing cells), repeat their last
+    // prompt (reusing cells) and send new ones (evicting entries).
+    let srv = Server::start(&[
+        "--ctx",
+        "1024",
+        "--parallel",
+        "3",
+        "--step-tokens",
+        "32",
+        "--queue-depth",
+        "4",
+    ]);
+    let n_gen = 300;
+    // Alone, with every token's log-probability (echo: no prefix reuse).
+    let alone = complete(
+        &srv,
+        json!({"prompt": "The history of the printing press begins", "temperature": 0,
+               "max_tokens": n_gen, "ignore_eos": true, "logprobs": 1, "echo": true}),
+    );
+    let alone = scored(&alone);
+    let n_prompt = alone.token_ids.len() - n_gen;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let others: Vec<_> = (0..2)
+        .map(|c| {
+            let (addr, stop) = (srv.addr, Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    // Every other request repeats the one before (reuse); the
+                    // rest are new (their entries evict older ones).
+                    let prompt = format!("Client {c}, note {}.\n{}", i / 2, long_prompt(3));
+                    let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
+                    let r = post_json(addr, "/v1/completions", &body);
+                    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+                    i += 1;
+                }
+                i
+            })
+        })
+        .collect();
+    wait_until(Duration::from_secs(120), "the others to evict", || {
+        srv.metric("sluice_prefix_cache_tokens_evicted_total") > 0.0
+    });
+    let reused = srv.metric("sluice_prefix_cache_tokens_reused_total");
+    let evicted = srv.metric("sluice_prefix_cache_tokens_evicted_total");
+    let completed = srv.metric("sluice_requests_completed_total");
+    let replay = complete(
+        &srv,
+        json!({"prompt": alone.token_ids, "temperature": 0, "max_tokens": 0, "logprobs": 1, "echo": true}),
+    );
+    let reused = srv.metric("sluice_prefix_cache_tokens_reused_total") - reused;
+    let evicted = srv.metric("sluice_prefix_cache_tokens_evicted_total") - evicted;
+    let completed = srv.metric("sluice_requests_completed_total") - completed;
+    stop.store(true, Ordering::Relaxed);
+    for o in others {
+        o.join().expect("other client");
+    }
+    assert!(
+        reused > 0.0 && evicted > 0.0 && completed > 1.0,
+        "while it was replayed, others completed {completed} requests, reused {reused} and evicted {evicted} tokens"
+    );
+    compare(&alone, &scored(&replay), n_prompt).check("beside freed, evicted and reused KV");
+}
