@@ -100,7 +100,6 @@ fn serve(cfg: Config) -> Result<(), String> {
         batch_slots: cfg.batch_slots(),
         batch_kv_cells: cfg.batch_kv_cells(n_ctx),
         batch_every: cfg.batch_every,
-        prefix_cache_entries: cfg.prefix_cache_entries,
     };
     let calibrate = cfg.rates.is_none();
     let (flash_attn, kv_type) = (cfg.flash_attn, cfg.kv_type);
@@ -114,8 +113,7 @@ fn serve(cfg: Config) -> Result<(), String> {
                 let params = ContextParams {
                     n_ctx: engine_cfg.n_ctx as u32,
                     n_batch: engine_cfg.n_batch as u32,
-                    // The slots' sequences, then the prefix cache entries'.
-                    n_seq_max: (engine_cfg.parallel + engine_cfg.prefix_cache_entries) as u32,
+                    n_seq_max: engine_cfg.parallel as u32,
                     cpus: engine_cfg.cpus.clone(),
                     poll: engine_cfg.poll,
                     flash_attn,
@@ -231,12 +229,12 @@ fn serve(cfg: Config) -> Result<(), String> {
         ),
         None => eprintln!("sluice: shedding off (--no-shed)"),
     }
-    let prefix = PrefixCache::new(cfg.parallel as i32, cfg.prefix_cache_entries);
+    let prefix = PrefixCache::new(cfg.prefix_cache_mb << 20);
     let prefix_index = prefix.index();
-    match cfg.prefix_cache_entries {
-        0 => eprintln!("sluice: prefix cache: off (--prefix-cache-entries 0)"),
+    match cfg.prefix_cache_mb {
+        0 => eprintln!("sluice: prefix cache: off (--prefix-cache-mb 0)"),
         n => eprintln!(
-            "sluice: prefix cache: up to {n} finished sequences keep their KV cells for requests that start with the same tokens; evicted least recently used first, and before any request waits for cells"
+            "sluice: prefix cache: finished sequences' KV state kept in up to {n} MiB of memory (least recently used evicted first) for requests that start with the same tokens"
         ),
     }
     queue_tx

@@ -22,6 +22,9 @@ pub const PARALLEL_MAX: usize = 256;
 /// Largest admission queue an operator may configure with `--queue-depth-unsafe`;
 /// without it the ceiling is `admission::QUEUE_DEPTH_SAFE_MAX` (9).
 pub const QUEUE_DEPTH_UNSAFE_MAX: usize = 4096;
+/// Largest `--prefix-cache-mb`: a quarter of a terabyte is past any box this
+/// serves from.
+pub const PREFIX_CACHE_MB_MAX: usize = 1 << 18;
 /// Largest `--step-tokens` (llama.cpp's n_batch; its compute buffers grow with it).
 pub const STEP_TOKENS_MAX: usize = 8192;
 /// Most tokens in a step when the budget is derived from the ITL target: the
@@ -143,20 +146,18 @@ pub struct ServeArgs {
     /// sequences decoded together (continuous batching; default: 4)
     #[argh(option, default = "4")]
     pub parallel: usize,
-    /// finished sequences whose KV cells are kept for requests that start with
-    /// the same tokens (prefix cache; evicted least recently used first, and
-    /// before any request waits for cells; 0 turns it off) (default: 16)
-    #[argh(
-        option,
-        default = "crate::engine::prefix::PREFIX_CACHE_ENTRIES_DEFAULT"
-    )]
-    pub prefix_cache_entries: usize,
-    /// KV cache type: f16, or q8_0 (half the memory; needs flash attention)
+    /// memory for the prefix cache in MiB: finished sequences' KV state, for
+    /// requests that start with the same tokens (least recently used evicted
+    /// first; 0 turns it off) (default: 1024)
+    #[argh(option, default = "crate::engine::prefix::PREFIX_CACHE_MB_DEFAULT")]
+    pub prefix_cache_mb: usize,
+    /// KV cache type: f16, or q8_0 (half the memory; needs --flash-attn on)
     /// (default: f16)
     #[argh(option, default = "KvType::F16", from_str_fn(parse_kv_type))]
     pub kv_type: KvType,
-    /// flash attention: on, off or auto (llama.cpp decides) (default: auto)
-    #[argh(option, default = "FlashAttn::Auto", from_str_fn(parse_flash_attn))]
+    /// flash attention: off, on, or auto (llama.cpp decides: on for the CPU)
+    /// (default: off, measured faster here; see README)
+    #[argh(option, default = "FlashAttn::Off", from_str_fn(parse_flash_attn))]
     pub flash_attn: FlashAttn,
     /// inter-token latency target in ms: a step with running streams takes only
     /// as many prefill tokens as keep it within this (default: 150)
@@ -306,8 +307,8 @@ pub struct CalibrateArgs {
     /// KV cache type: f16 or q8_0 (default: f16)
     #[argh(option, default = "KvType::F16", from_str_fn(parse_kv_type))]
     pub kv_type: KvType,
-    /// flash attention: on, off or auto (default: auto)
-    #[argh(option, default = "FlashAttn::Auto", from_str_fn(parse_flash_attn))]
+    /// flash attention: off, on or auto (default: off)
+    #[argh(option, default = "FlashAttn::Off", from_str_fn(parse_flash_attn))]
     pub flash_attn: FlashAttn,
 }
 
@@ -321,7 +322,8 @@ pub struct Config {
     pub cpus: Vec<usize>,
     pub ctx_tokens: Option<usize>,
     pub parallel: usize,
-    pub prefix_cache_entries: usize,
+    /// Host memory for the prefix cache, in MiB (0: none).
+    pub prefix_cache_mb: usize,
     pub kv_type: KvType,
     pub flash_attn: FlashAttn,
     /// `--step-tokens`: a fixed step budget; `None` derives it from the ITL target.
@@ -368,17 +370,14 @@ impl Config {
         let cpus = compute_cpus(a.threads)?;
         check_range("--parallel", a.parallel, 1, PARALLEL_MAX)?;
         check_range(
-            "--prefix-cache-entries",
-            a.prefix_cache_entries,
+            "--prefix-cache-mb",
+            a.prefix_cache_mb,
             0,
-            PARALLEL_MAX - a.parallel,
-        )
-        .map_err(|e| {
-            format!("{e} (each entry is a llama.cpp sequence beside the --parallel ones, {PARALLEL_MAX} in all)")
-        })?;
+            PREFIX_CACHE_MB_MAX,
+        )?;
         if a.kv_type == KvType::Q8_0 && a.flash_attn == FlashAttn::Off {
             return Err(
-                "--kv-type q8_0 needs flash attention (llama.cpp quantizes the V cache only with it); use --flash-attn on or auto".into(),
+                "--kv-type q8_0 needs flash attention (llama.cpp quantizes the V cache only with it): add --flash-attn on".into(),
             );
         }
         let queue_depth_cap = if a.queue_depth_unsafe {
@@ -557,7 +556,7 @@ impl Config {
             cpus,
             ctx_tokens: a.ctx,
             parallel: a.parallel,
-            prefix_cache_entries: a.prefix_cache_entries,
+            prefix_cache_mb: a.prefix_cache_mb,
             kv_type: a.kv_type,
             flash_attn: a.flash_attn,
             step_tokens: a.step_tokens,
@@ -603,7 +602,7 @@ const SERVE_OPTIONS: [&str; 40] = [
     "threads",
     "ctx",
     "parallel",
-    "prefix-cache-entries",
+    "prefix-cache-mb",
     "kv-type",
     "flash-attn",
     "itl-target-ms",

@@ -116,7 +116,7 @@ pub struct Metrics {
     /// Tokens of prefix cache entries evicted (for room, or for an id).
     pub prefix_tokens_evicted: AtomicU64,
     prefix_entries: AtomicUsize,
-    prefix_cells: AtomicUsize,
+    prefix_bytes: AtomicUsize,
     /// `llama_decode` passes stopped mid-way because every sequence in them
     /// was cancelled.
     pub decodes_aborted: AtomicU64,
@@ -177,7 +177,7 @@ impl Default for Metrics {
             prefix_tokens_reused: AtomicU64::new(0),
             prefix_tokens_evicted: AtomicU64::new(0),
             prefix_entries: AtomicUsize::new(0),
-            prefix_cells: AtomicUsize::new(0),
+            prefix_bytes: AtomicUsize::new(0),
             decodes_aborted: AtomicU64::new(0),
             cancel_lag_steps: AtomicU64::new(0),
             cancel_lag_steps_max: AtomicU64::new(0),
@@ -299,10 +299,10 @@ impl Metrics {
             .store(kv_cells_reserved, Ordering::Relaxed);
     }
 
-    /// What the prefix cache holds: entries, and the KV cells they hold at most.
-    pub fn set_prefix_gauges(&self, entries: usize, cells: usize) {
+    /// What the prefix cache holds: entries, and the bytes of their states.
+    pub fn set_prefix_gauges(&self, entries: usize, bytes: usize) {
         self.prefix_entries.store(entries, Ordering::Relaxed);
-        self.prefix_cells.store(cells, Ordering::Relaxed);
+        self.prefix_bytes.store(bytes, Ordering::Relaxed);
     }
 
     /// Prometheus text exposition format.
@@ -390,20 +390,20 @@ impl Metrics {
         counter(
             &mut out,
             "sluice_prefix_cache_tokens_evicted_total",
-            "Tokens of prefix cache entries evicted (least recently used first).",
+            "Tokens of prefix cache entries evicted for room (least recently used first).",
             l(&self.prefix_tokens_evicted),
         );
         gauge(
             &mut out,
             "sluice_prefix_cache_entries",
-            "Finished sequences whose KV cells are kept for reuse.",
+            "Finished sequences whose KV state is kept for reuse.",
             self.prefix_entries.load(Ordering::Relaxed) as f64,
         );
         gauge(
             &mut out,
-            "sluice_prefix_cache_cells",
-            "KV cells the prefix cache entries hold at most (evicted before any request waits for cells).",
-            self.prefix_cells.load(Ordering::Relaxed) as f64,
+            "sluice_prefix_cache_bytes",
+            "Bytes of KV state the prefix cache entries hold, in host memory (at most --prefix-cache-mb).",
+            self.prefix_bytes.load(Ordering::Relaxed) as f64,
         );
         counter(
             &mut out,

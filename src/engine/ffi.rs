@@ -669,6 +669,49 @@ impl Context {
         }
     }
 
+    /// Frees the cells of `seq` at positions `from..`.
+    pub fn truncate_sequence(&mut self, seq: i32, from: i32) {
+        unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_rm(mem, seq, from, -1);
+        }
+    }
+
+    /// A copy of what `seq`'s KV cells hold (positions and contents), for
+    /// [`Context::restore_sequence`]: about `2 · layers · kv_width` values a token.
+    pub fn save_sequence(&mut self, seq: i32) -> Vec<u8> {
+        unsafe {
+            let n = sys::llama_state_seq_get_size_ext(self.ptr.as_ptr(), seq, 0);
+            let mut buf = vec![0u8; n];
+            let written =
+                sys::llama_state_seq_get_data_ext(self.ptr.as_ptr(), buf.as_mut_ptr(), n, seq, 0);
+            buf.truncate(written);
+            buf
+        }
+    }
+
+    /// Writes a saved state into `seq` (its cells are replaced), in free cells
+    /// anywhere in the cache. False when llama.cpp refused it (not enough free
+    /// cells, or a state from another model); `seq` then holds nothing.
+    pub fn restore_sequence(&mut self, seq: i32, state: &[u8]) -> bool {
+        if state.is_empty() {
+            return false;
+        }
+        let read = unsafe {
+            sys::llama_state_seq_set_data_ext(
+                self.ptr.as_ptr(),
+                state.as_ptr(),
+                state.len(),
+                seq,
+                0,
+            )
+        };
+        if read == 0 {
+            self.clear_sequence(seq);
+        }
+        read != 0
+    }
+
     /// The highest position `seq` holds in the KV cache, or -1 when it holds none.
     pub fn sequence_pos_max(&self, seq: i32) -> i32 {
         unsafe {

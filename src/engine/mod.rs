@@ -33,7 +33,7 @@ use cost::{Chunk, CostModel};
 use crossbeam_channel::{Select, Sender, TrySendError};
 use ffi::{Batch, Context, Model, SamplingParams, Token};
 use planner::{Phase, SeqView, Work};
-use prefix::PrefixCache;
+use prefix::{EntryId, PrefixCache};
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -124,8 +124,6 @@ pub struct EngineConfig {
     /// A sequence paused this long without a break (its reader takes nothing)
     /// is cancelled.
     pub stall_timeout: Duration,
-    /// Finished sequences kept in the KV cache for reuse (0: no prefix cache).
-    pub prefix_cache_entries: usize,
 }
 
 /// One admitted request, bound to a slot (= llama.cpp sequence id).
@@ -281,8 +279,7 @@ struct Engine {
     kv_cells_reserved: usize,
     /// Of those, the ones reserved by batch requests.
     batch_kv_cells_reserved: usize,
-    /// Finished sequences' cells kept for reuse: they come on top of
-    /// `kv_cells_reserved`, and are evicted before anything waits for cells.
+    /// Finished sequences' KV states, in host memory, for reuse.
     prefix: PrefixCache,
     admitted: u64,
     cfg: EngineConfig,
@@ -294,6 +291,15 @@ struct Engine {
     codel: [Option<Codel>; Class::COUNT],
     cost: CostModel,
     rates_published_at: Instant,
+}
+
+/// Where a starting job's reused prompt prefix comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// The sequence running in this slot: its cells are shared.
+    Running(usize),
+    /// A prefix cache entry: its state is restored.
+    Cached(EntryId),
 }
 
 /// What became of a job taken from its queue.
@@ -494,11 +500,11 @@ impl Engine {
         let cells = job.kv_cells();
         let batch_over =
             class == Class::Batch && self.batch_kv_cells_reserved + cells > self.cfg.batch_kv_cells;
-        // Cached prefixes never make a job wait: they are evicted for it.
+        // Cached prefixes hold no cells: they never make a job wait.
         if self.kv_cells_reserved + cells > self.cfg.n_ctx || batch_over {
             return Start::NoRoom(job);
         }
-        let (source, reuse) = self.reuse_source(&job);
+        let (source, mut reuse) = self.reuse_source(&job);
         let sojourn = now.saturating_duration_since(job.enqueued_at);
         let shed = self.cfg.shed[class.index()];
         let codel = self.codel[class.index()].as_mut();
@@ -545,14 +551,36 @@ impl Engine {
         if class == Class::Batch {
             self.batch_kv_cells_reserved += cells;
         }
-        if let Some(src) = source.filter(|_| reuse > 0) {
-            ctx.share_cells(src, slot as i32, 0, reuse as i32);
-            self.prefix.touch(src);
-            self.metrics
-                .prefix_tokens_reused
-                .fetch_add(reuse as u64, Ordering::Relaxed);
+        let seq_id = slot as i32;
+        match source {
+            Some(Source::Running(src)) => ctx.share_cells(src as i32, seq_id, 0, reuse as i32),
+            Some(Source::Cached(id)) => {
+                // The entry's whole state comes back (within the cells this job
+                // reserved), then what follows the shared prefix goes.
+                let restored = self
+                    .prefix
+                    .take_use(id)
+                    .is_some_and(|state| ctx.restore_sequence(seq_id, state));
+                if restored {
+                    ctx.truncate_sequence(seq_id, reuse as i32);
+                } else {
+                    eprintln!(
+                        "sluice: request {}: the prefix cache entry could not be restored; prefilling its prompt",
+                        job.id
+                    );
+                    reuse = 0;
+                }
+            }
+            None => {}
         }
-        self.make_room(ctx);
+        debug_assert_eq!(
+            ctx.sequence_pos_max(seq_id),
+            reuse as i32 - 1,
+            "slot {slot} holds its reused prefix"
+        );
+        self.metrics
+            .prefix_tokens_reused
+            .fetch_add(reuse as u64, Ordering::Relaxed);
         self.admitted += 1;
         self.queue.started(class, job.queued_tokens());
         self.metrics.record_queue_wait(sojourn);
@@ -582,43 +610,43 @@ impl Engine {
     }
 
     /// Where `job` may take its prompt's first tokens from instead of
-    /// prefilling them: the prefix cache entry or the running sequence that
-    /// shares the longest prefix with it. (source seq id, tokens to reuse).
-    /// A job that wants its prompt's log-probabilities prefills all of it.
-    fn reuse_source(&self, job: &Job) -> (Option<i32>, usize) {
+    /// prefilling them, and how many: the running sequence (its cells are
+    /// shared in place) or the prefix cache entry (its state is restored) that
+    /// shares the longest prefix with it. An entry is used only for at least
+    /// `REUSE_TOKENS_MIN` tokens, and only if its whole state fits the cells
+    /// no running sequence has reserved (it is restored whole, then cut to
+    /// the shared prefix). A job that wants its prompt's log-probabilities
+    /// prefills all of it.
+    fn reuse_source(&self, job: &Job) -> (Option<Source>, usize) {
         if job.gen.echo_logprobs || !self.prefix.is_enabled() {
             return (None, 0);
         }
+        let free = self.cfg.n_ctx - self.kv_cells_reserved;
         let running = self
             .slots
             .iter()
             .enumerate()
-            .filter_map(|(slot, s)| Some((slot as i32, s.as_ref()?)))
-            .map(|(slot, s)| (slot, prefix::common_prefix(&s.kv_tokens, &job.prompt)))
+            .filter_map(|(slot, s)| Some((slot, s.as_ref()?)))
+            .map(|(slot, s)| {
+                let n = prefix::common_prefix(&s.kv_tokens, &job.prompt);
+                (Source::Running(slot), n)
+            })
             .max_by_key(|&(_, n)| n);
-        let best = match (self.prefix.best(&job.prompt), running) {
-            (Some(c), Some(r)) => Some(if r.1 > c.1 { r } else { c }),
+        let cached = self
+            .prefix
+            .best(&job.prompt)
+            .filter(|&(_, n, len)| n >= prefix::REUSE_TOKENS_MIN && len <= free)
+            .map(|(id, n, _)| (Source::Cached(id), n));
+        let best = match (cached, running) {
+            (Some(c), Some(r)) => Some(if r.1 >= c.1 { r } else { c }),
             (c, r) => c.or(r),
         };
         match best {
-            Some((src, n)) => (Some(src), prefix::reusable(n, job.prompt.len())),
-            None => (None, 0),
+            Some((src, n)) if prefix::reusable(n, job.prompt.len()) > 0 => {
+                (Some(src), prefix::reusable(n, job.prompt.len()))
+            }
+            _ => (None, 0),
         }
-    }
-
-    /// Evicts cached prefixes, least recently used first, until they and the
-    /// running sequences' reservations fit the KV cache.
-    fn make_room(&mut self, ctx: &mut Context) {
-        while self.kv_cells_reserved + self.prefix.cells() > self.cfg.n_ctx {
-            let Some((seq, tokens)) = self.prefix.evict_lru() else {
-                break;
-            };
-            ctx.clear_sequence(seq);
-            self.metrics
-                .prefix_tokens_evicted
-                .fetch_add(tokens as u64, Ordering::Relaxed);
-        }
-        debug_assert!(self.kv_cells_reserved + self.prefix.cells() <= self.cfg.n_ctx);
     }
 
     /// Shutdown: every queued job is answered without running. Returns true
@@ -985,17 +1013,12 @@ impl Engine {
         let seq = self.slots[slot].as_mut().expect("slot is active");
         let tokens = std::mem::take(&mut seq.kv_tokens);
         debug_assert_eq!(tokens.len(), seq.n_past, "kv_tokens follow n_past");
-        if let Some(kept) = keep.then(|| self.prefix.insert(tokens)).flatten() {
-            for &(old, n) in &kept.evicted {
-                ctx.clear_sequence(old);
-                self.metrics
-                    .prefix_tokens_evicted
-                    .fetch_add(n as u64, Ordering::Relaxed);
-            }
-            for &old in &kept.covered {
-                ctx.clear_sequence(old);
-            }
-            ctx.share_cells(slot as i32, kept.seq, -1, -1);
+        if keep && self.prefix.is_enabled() && !tokens.is_empty() {
+            let state = ctx.save_sequence(slot as i32);
+            let kept = self.prefix.insert(tokens, state);
+            self.metrics
+                .prefix_tokens_evicted
+                .fetch_add(kept.evicted_tokens as u64, Ordering::Relaxed);
         }
         self.prefix.index().clear_running(slot);
         ctx.clear_sequence(slot as i32);
@@ -1119,7 +1142,7 @@ impl Engine {
         self.metrics
             .set_engine_gauges(active, paused, self.kv_cells_reserved, used);
         self.metrics
-            .set_prefix_gauges(self.prefix.len(), self.prefix.cells());
+            .set_prefix_gauges(self.prefix.len(), self.prefix.bytes());
         // Readiness follows the interactive queue only: batch work is meant to
         // stand in its queue, and a box whose interactive requests start in
         // time can take more of them.

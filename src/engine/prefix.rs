@@ -1,33 +1,40 @@
-//! The prefix cache: KV cells of finished sequences kept for the next request
-//! that starts with the same tokens.
+//! The prefix cache: the KV state of finished sequences, kept in memory for the
+//! next request that starts with the same tokens.
 //!
 //! A multi-turn chat re-sends its whole history every turn, and an application
 //! sends the same system prompt with every request. Without a cache each of
 //! them is prefilled again from its first token. Here, a sequence that ends
-//! (complete, or its client gone) leaves its cells in the KV cache as an
-//! *entry*: its own llama.cpp sequence id (above the slots' ids) and the tokens
-//! those cells hold. A new request looks for the longest common token prefix
-//! among the entries and the prompts of the sequences running now, shares those
-//! cells (`llama_memory_seq_cp` inside the one unified cache: metadata only, no
-//! copy) and prefills only the rest.
+//! (complete, or its client gone) leaves an *entry*: the tokens its KV cells
+//! held, and those cells' contents (llama.cpp's per-sequence state), copied out
+//! of the KV cache. A new request looks for the longest common token prefix
+//! among the entries (and the sequences running now, whose cells it can share
+//! in place), restores that state into its own sequence, drops what follows
+//! the common prefix, and prefills only the rest.
 //!
-//! Entries are evicted least recently used first: when a new entry needs an id,
-//! and whenever a starting request needs cells that entries hold. An entry never
-//! makes a request wait and never fails one: the engine's KV bound counts a
-//! running sequence's whole reservation (prompt + max_tokens, shared cells
-//! included), and an entry's cells on top, so evicting every entry always makes
-//! room for what the running sequences alone would leave.
+//! Why in host memory, not as cells left in the KV cache: in the one unified
+//! cache, attention's range is the highest used cell, so cells kept for later
+//! would make every running sequence's attention scan them (measured here: a
+//! single stream's decode fell from 110 to 82 tok/s with 16 such entries).
+//! Out of the KV cache, an entry costs memory and a copy when it is used
+//! (tens of microseconds per 100 tokens), never a step.
 //!
-//! Pure bookkeeping: the engine carries out the llama.cpp calls it decides.
+//! Entries are evicted least recently used first when their bytes would pass
+//! `--prefix-cache-mb`. They hold no KV cells, so they never make a request
+//! wait for cells, and a restore that cannot be done (it would need more cells
+//! than the request reserved) only means the prompt is prefilled.
+//!
+//! Pure bookkeeping: the engine copies the states in and out.
 //! [`PrefixIndex`] is the copy the HTTP handlers read, to charge a request only
 //! for the prompt tokens that will really be prefilled.
 
 use super::ffi::Token;
 use std::sync::{Arc, Mutex};
 
-/// Entries kept at most by default; each is one llama.cpp sequence id beside
-/// the slots' (llama.cpp allows 256 in all).
-pub const PREFIX_CACHE_ENTRIES_DEFAULT: usize = 16;
+/// Host memory the entries may take by default, in MiB.
+pub const PREFIX_CACHE_MB_DEFAULT: usize = 1024;
+/// Fewest tokens worth restoring an entry for: below this, prefilling them
+/// costs about what copying the entry's whole state back would.
+pub const REUSE_TOKENS_MIN: usize = 16;
 
 /// Tokens two sequences share from their first.
 pub fn common_prefix(a: &[Token], b: &[Token]) -> usize {
@@ -41,41 +48,40 @@ pub fn reusable(common: usize, prompt_tokens: usize) -> usize {
     common.min(prompt_tokens.saturating_sub(1))
 }
 
+/// An entry's key: stable while it is cached.
+pub type EntryId = u64;
+
 #[derive(Debug)]
 struct Entry {
-    seq: i32,
+    id: EntryId,
     tokens: Arc<[Token]>,
+    state: Vec<u8>,
     used_at: u64,
 }
 
-/// What `insert` decided, for the engine to carry out.
+/// What `insert` removed: tokens of the entries evicted for room (the ones
+/// the new entry covers are not counted: it holds them all).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Inserted {
-    /// The sequence id the new entry's cells are copied to.
-    pub seq: i32,
-    /// Entries removed to make room, least recently used first: (seq id, tokens).
-    pub evicted: Vec<(i32, usize)>,
-    /// Entries removed because the new one holds all their tokens.
-    pub covered: Vec<i32>,
+    pub evicted_tokens: usize,
 }
 
 #[derive(Debug)]
 pub struct PrefixCache {
     entries: Vec<Entry>,
-    /// Sequence ids no entry holds.
-    free: Vec<i32>,
+    bytes: usize,
+    bytes_max: usize,
     clock: u64,
     index: Arc<PrefixIndex>,
 }
 
 impl PrefixCache {
-    /// A cache of at most `capacity` entries, using sequence ids
-    /// `first_seq..first_seq + capacity`.
-    pub fn new(first_seq: i32, capacity: usize) -> PrefixCache {
-        let free = (0..capacity as i32).rev().map(|i| first_seq + i).collect();
+    /// A cache of at most `bytes_max` bytes of state (0: no cache).
+    pub fn new(bytes_max: usize) -> PrefixCache {
         PrefixCache {
-            entries: Vec::with_capacity(capacity),
-            free,
+            entries: Vec::new(),
+            bytes: 0,
+            bytes_max,
             clock: 0,
             index: Arc::new(PrefixIndex::default()),
         }
@@ -87,85 +93,85 @@ impl PrefixCache {
     }
 
     pub fn is_enabled(&self) -> bool {
-        !(self.entries.is_empty() && self.free.is_empty())
+        self.bytes_max > 0
     }
 
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    /// KV cells the entries hold at most (shared cells counted once per entry).
-    pub fn cells(&self) -> usize {
-        self.entries.iter().map(|e| e.tokens.len()).sum()
+    /// Bytes of state the entries hold.
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 
-    /// The entry sharing the longest prefix with `prompt`: (seq id, tokens
-    /// shared). The most recently used wins a tie.
-    pub fn best(&self, prompt: &[Token]) -> Option<(i32, usize)> {
+    /// The entry sharing the longest prefix with `prompt`: (its id, tokens
+    /// shared, its length). The most recently used wins a tie.
+    pub fn best(&self, prompt: &[Token]) -> Option<(EntryId, usize, usize)> {
         self.entries
             .iter()
-            .map(|e| (e.seq, common_prefix(&e.tokens, prompt), e.used_at))
-            .filter(|&(_, n, _)| n > 0)
-            .max_by_key(|&(_, n, used_at)| (n, used_at))
-            .map(|(seq, n, _)| (seq, n))
+            .map(|e| (e, common_prefix(&e.tokens, prompt)))
+            .filter(|&(_, n)| n > 0)
+            .max_by_key(|&(e, n)| (n, e.used_at))
+            .map(|(e, n)| (e.id, n, e.tokens.len()))
     }
 
-    /// The entry `seq` was used: it is the last to be evicted.
-    pub fn touch(&mut self, seq: i32) {
+    /// The state of entry `id`, now the most recently used.
+    pub fn take_use(&mut self, id: EntryId) -> Option<&[u8]> {
         self.clock += 1;
-        if let Some(e) = self.entries.iter_mut().find(|e| e.seq == seq) {
-            e.used_at = self.clock;
-        }
+        let e = self.entries.iter_mut().find(|e| e.id == id)?;
+        e.used_at = self.clock;
+        Some(&e.state)
     }
 
-    /// Keeps `tokens` as a new entry (the caller copies the cells to
-    /// `Inserted::seq`). Entries the new one covers (their tokens are a prefix
-    /// of its own) go; the least recently used goes if no id is free. `None`
-    /// when the cache holds no entries at all, or `tokens` is empty.
-    pub fn insert(&mut self, tokens: Vec<Token>) -> Option<Inserted> {
-        if tokens.is_empty() || !self.is_enabled() {
-            return None;
-        }
+    /// Keeps `tokens` and their KV `state` as a new entry. Entries the new one
+    /// covers (their tokens are a prefix of its own) go; then the least
+    /// recently used, while the bytes would pass the bound. A state larger
+    /// than the whole bound is not kept.
+    pub fn insert(&mut self, tokens: Vec<Token>, state: Vec<u8>) -> Inserted {
         let mut out = Inserted::default();
-        let mut i = 0;
-        while i < self.entries.len() {
-            let e = &self.entries[i];
-            if e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens) {
-                let e = self.entries.swap_remove(i);
-                out.covered.push(e.seq);
-                self.free.push(e.seq);
-            } else {
-                i += 1;
-            }
+        if tokens.is_empty() || state.len() > self.bytes_max {
+            return out;
         }
-        if self.free.is_empty() {
-            let (seq, n) = self.evict_lru().expect("a full cache has entries");
-            out.evicted.push((seq, n));
-        }
-        let seq = self.free.pop().expect("an id is free");
-        self.clock += 1;
-        self.entries.push(Entry {
-            seq,
-            tokens: tokens.into(),
-            used_at: self.clock,
-        });
-        out.seq = seq;
-        self.publish();
-        Some(out)
-    }
-
-    /// Removes the least recently used entry: (its seq id, its tokens).
-    pub fn evict_lru(&mut self) -> Option<(i32, usize)> {
-        let i = self
+        let covered: Vec<EntryId> = self
             .entries
             .iter()
-            .enumerate()
-            .min_by_key(|(_, e)| e.used_at)
-            .map(|(i, _)| i)?;
-        let e = self.entries.swap_remove(i);
-        self.free.push(e.seq);
+            .filter(|e| e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens))
+            .map(|e| e.id)
+            .collect();
+        for id in covered {
+            self.remove(id);
+        }
+        while self.bytes + state.len() > self.bytes_max {
+            match self.evict_lru() {
+                Some(n) => out.evicted_tokens += n,
+                None => break,
+            }
+        }
+        self.clock += 1;
+        self.bytes += state.len();
+        self.entries.push(Entry {
+            id: self.clock,
+            tokens: tokens.into(),
+            state,
+            used_at: self.clock,
+        });
         self.publish();
-        Some((e.seq, e.tokens.len()))
+        out
+    }
+
+    /// Removes the least recently used entry; its tokens.
+    fn evict_lru(&mut self) -> Option<usize> {
+        let id = self.entries.iter().min_by_key(|e| e.used_at)?.id;
+        self.remove(id)
+    }
+
+    fn remove(&mut self, id: EntryId) -> Option<usize> {
+        let i = self.entries.iter().position(|e| e.id == id)?;
+        let e = self.entries.swap_remove(i);
+        self.bytes -= e.state.len();
+        self.publish();
+        Some(e.tokens.len())
     }
 
     fn publish(&self) {
@@ -174,9 +180,9 @@ impl PrefixCache {
     }
 }
 
-/// What the handlers see of the KV cache: the entries' tokens and the prompts
-/// of running sequences, to estimate before admission how much of a prompt
-/// will be reused (the engine decides again when the request starts).
+/// What the handlers see of the cache: the entries' tokens and the prompts of
+/// running sequences, to estimate before admission how much of a prompt will
+/// be reused (the engine decides again when the request starts).
 #[derive(Debug, Default)]
 pub struct PrefixIndex {
     cached: Mutex<Vec<Arc<[Token]>>>,
@@ -211,6 +217,7 @@ impl PrefixIndex {
             .expect("prefix index")
             .iter()
             .map(|t| common_prefix(t, prompt))
+            .filter(|&n| n >= REUSE_TOKENS_MIN)
             .max()
             .unwrap_or(0);
         let running = self
@@ -229,6 +236,10 @@ impl PrefixIndex {
 mod tests {
     use super::*;
 
+    fn state(bytes: usize) -> Vec<u8> {
+        vec![0; bytes]
+    }
+
     #[test]
     fn the_last_prompt_token_is_always_decoded_again() {
         assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
@@ -241,68 +252,77 @@ mod tests {
 
     #[test]
     fn the_longest_prefix_wins_then_the_most_recent() {
-        let mut c = PrefixCache::new(4, 3);
-        let a = c.insert(vec![1, 2, 3, 4]).unwrap().seq;
-        let b = c.insert(vec![1, 2, 9]).unwrap().seq;
-        assert_eq!(c.best(&[1, 2, 3, 4, 5]), Some((a, 4)));
-        assert_eq!(c.best(&[1, 2, 9, 9]), Some((b, 3)));
-        assert_eq!(c.best(&[1, 2, 7]), Some((b, 2)), "a tie: the newer");
-        c.touch(a);
-        assert_eq!(c.best(&[1, 2, 7]), Some((a, 2)), "a was used since");
+        let mut c = PrefixCache::new(1000);
+        c.insert(vec![1, 2, 3, 4], state(10));
+        c.insert(vec![1, 2, 9], state(10));
+        let (a, n, len) = c.best(&[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!((n, len), (4, 4));
+        let (b, n, _) = c.best(&[1, 2, 9, 9]).unwrap();
+        assert_eq!(n, 3);
+        assert_eq!(c.best(&[1, 2, 7]).unwrap().0, b, "a tie: the newer");
+        assert!(c.take_use(a).is_some());
+        assert_eq!(c.best(&[1, 2, 7]).unwrap().0, a, "a was used since");
         assert_eq!(c.best(&[7]), None);
-        assert_eq!(c.cells(), 7);
+        assert_eq!(c.bytes(), 20);
     }
 
     #[test]
-    fn a_full_cache_evicts_the_least_recently_used() {
-        let mut c = PrefixCache::new(10, 2);
-        let a = c.insert(vec![1, 1]).unwrap().seq;
-        let b = c.insert(vec![2, 2, 2]).unwrap().seq;
-        assert!((10..12).contains(&a) && (10..12).contains(&b) && a != b);
-        c.touch(a);
-        let i = c.insert(vec![3]).unwrap();
-        assert_eq!(i.evicted, vec![(b, 3)], "b is the least recently used");
-        assert_eq!(i.seq, b, "its id is reused");
+    fn entries_past_the_byte_bound_go_least_recently_used_first() {
+        let mut c = PrefixCache::new(100);
+        c.insert(vec![1, 1], state(40));
+        c.insert(vec![2, 2, 2], state(40));
+        let a = c.best(&[1, 1]).unwrap().0;
+        c.take_use(a);
+        let i = c.insert(vec![3], state(40));
+        assert_eq!(i.evicted_tokens, 3, "[2, 2, 2] was used longest ago");
         assert_eq!(c.len(), 2);
-        assert_eq!(c.evict_lru(), Some((a, 2)));
-        assert_eq!(c.evict_lru(), Some((b, 1)));
-        assert_eq!(c.evict_lru(), None);
-        assert_eq!(c.cells(), 0);
+        assert_eq!(c.bytes(), 80);
+        assert!(c.best(&[2, 2, 2]).is_none());
+        let i = c.insert(vec![4], state(100));
+        assert_eq!(i.evicted_tokens, 3, "both others go for the whole bound");
+        assert_eq!(c.bytes(), 100);
+        let i = c.insert(vec![5], state(101));
+        assert_eq!(i, Inserted::default(), "larger than the bound: not kept");
+        assert_eq!(c.len(), 1);
     }
 
     #[test]
     fn an_entry_covered_by_a_longer_one_goes() {
-        let mut c = PrefixCache::new(0, 4);
-        let turn1 = c.insert(vec![1, 2, 3]).unwrap().seq;
-        let other = c.insert(vec![1, 5]).unwrap().seq;
-        let i = c.insert(vec![1, 2, 3, 4, 5]).unwrap();
-        assert_eq!(i.covered, vec![turn1], "turn 2 holds all of turn 1");
-        assert!(i.evicted.is_empty());
+        let mut c = PrefixCache::new(1000);
+        c.insert(vec![1, 2, 3], state(30));
+        c.insert(vec![1, 5], state(20));
+        let i = c.insert(vec![1, 2, 3, 4, 5], state(50));
+        assert_eq!(i.evicted_tokens, 0, "turn 2 holds all of turn 1");
         assert_eq!(c.len(), 2);
-        assert_eq!(c.best(&[1, 5]), Some((other, 2)));
-        assert_eq!(c.cells(), 7);
+        assert_eq!(c.bytes(), 70);
+        assert_eq!(c.best(&[1, 5]).unwrap().1, 2);
     }
 
     #[test]
-    fn a_cache_of_no_entries_keeps_nothing() {
-        let mut c = PrefixCache::new(4, 0);
+    fn a_cache_of_no_bytes_keeps_nothing() {
+        let mut c = PrefixCache::new(0);
         assert!(!c.is_enabled());
-        assert_eq!(c.insert(vec![1, 2]), None);
+        c.insert(vec![1, 2], state(1));
         assert_eq!(c.best(&[1, 2]), None);
     }
 
     #[test]
     fn the_index_follows_the_cache_and_the_running_prompts() {
-        let mut c = PrefixCache::new(4, 2);
+        let mut c = PrefixCache::new(1000);
         let index = c.index();
-        assert_eq!(index.reusable(&[1, 2, 3]), 0);
-        c.insert(vec![1, 2, 3, 4]);
-        assert_eq!(index.reusable(&[1, 2, 3, 4, 5]), 4);
-        assert_eq!(index.reusable(&[1, 2, 3, 4]), 3, "not the last token");
-        index.set_running(0, vec![1, 2, 3, 4, 5, 6].into());
-        assert_eq!(index.reusable(&[1, 2, 3, 4, 5, 6, 7]), 6);
+        let long: Vec<Token> = (0..40).collect();
+        assert_eq!(index.reusable(&long), 0);
+        c.insert(long[..30].to_vec(), state(10));
+        assert_eq!(index.reusable(&long), 30);
+        assert_eq!(index.reusable(&long[..30]), 29, "not the last token");
+        assert_eq!(
+            index.reusable(&long[..10]),
+            0,
+            "under REUSE_TOKENS_MIN: not restored"
+        );
+        index.set_running(0, long[..10].into());
+        assert_eq!(index.reusable(&long[..12]), 10, "shared in place");
         index.clear_running(0);
-        c.evict_lru();
-        assert_eq!(index.reusable(&[1, 2, 3, 4, 5]), 0);
+        assert_eq!(index.reusable(&long[..12]), 0);
     }
 }
