@@ -31,7 +31,7 @@ use super::ffi::Token;
 use std::sync::{Arc, Mutex};
 
 /// Host memory the entries may take by default, in MiB.
-pub const PREFIX_CACHE_MB_DEFAULT: usize = 1024;
+pub const PREFIX_CACHE_MB_DEFAULT: usize = 256;
 /// Fewest tokens worth restoring an entry for: below this, prefilling them
 /// costs about what copying the entry's whole state back would.
 pub const REUSE_TOKENS_MIN: usize = 16;
