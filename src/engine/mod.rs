@@ -82,8 +82,8 @@ pub struct Job {
 }
 
 impl Job {
-    /// KV cells the job may occupy at most (cells it shares with the prefix
-    /// cache included).
+    /// KV cells the job may occupy at most (cells it shares with another
+    /// running sequence included).
     pub fn kv_cells(&self) -> usize {
         self.prompt.len() + self.gen.max_tokens
     }
@@ -555,8 +555,8 @@ impl Engine {
         match source {
             Some(Source::Running(src)) => ctx.share_cells(src as i32, seq_id, 0, reuse as i32),
             Some(Source::Cached(id)) => {
-                // The entry's whole state comes back (within the cells this job
-                // reserved), then what follows the shared prefix goes.
+                // The entry's whole state comes back (into cells no running
+                // sequence reserved), then what follows the shared prefix goes.
                 let restored = self
                     .prefix
                     .take_use(id)
