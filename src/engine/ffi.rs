@@ -422,8 +422,8 @@ pub struct ContextParams {
     pub kv_type: KvType,
 }
 
-/// Flash attention: on the CPU its kernel skips the cells a sequence does not
-/// own (masked), so a sequence pays for its own depth, not for the others'.
+/// Flash attention (`--flash-attn`; off by default, measured faster for
+/// serving on the development VM; see README).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlashAttn {
     /// llama.cpp decides (on where the CPU backend supports it).
@@ -441,15 +441,6 @@ pub enum KvType {
 }
 
 impl KvType {
-    /// Bytes per cell of one layer's K or V row of `n` values.
-    pub fn row_bytes(self, n: usize) -> usize {
-        match self {
-            KvType::F16 => 2 * n,
-            // Blocks of 32 values: 32 bytes and a 2-byte scale.
-            KvType::Q8_0 => n.div_ceil(32) * 34,
-        }
-    }
-
     fn ggml(self) -> sys::ggml_type {
         match self {
             KvType::F16 => sys::GGML_TYPE_F16,
@@ -549,16 +540,11 @@ impl Context {
             cp.n_batch = p.n_batch;
             cp.n_ubatch = p.n_batch;
             cp.n_seq_max = p.n_seq_max;
-            // llama.cpp sizes its output buffer for at least one row per
-            // sequence (prefix cache entries included), and asserts that this
-            // fits n_outputs_max (n_batch unless given).
-            cp.n_outputs_max = p.n_batch.max(p.n_seq_max);
             cp.n_threads = n_threads;
             cp.n_threads_batch = n_threads;
-            // One pool of cells shared by all sequences: a prefix is shared
-            // between sequences without a copy, and one request may use all of
-            // it. (Per-sequence streams would split every step with sequences
-            // in several streams into several passes over the weights.)
+            // One pool of cells shared by all sequences: running sequences
+            // share a prefix without a copy, and one request may use all of
+            // it (ARCHITECTURE.md says why not per-sequence streams).
             cp.kv_unified = true;
             cp.no_perf = true;
             cp.flash_attn_type = match p.flash_attn {

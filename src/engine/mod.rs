@@ -641,10 +641,8 @@ impl Engine {
             (Some(c), Some(r)) => Some(if r.1 >= c.1 { r } else { c }),
             (c, r) => c.or(r),
         };
-        match best {
-            Some((src, n)) if prefix::reusable(n, job.prompt.len()) > 0 => {
-                (Some(src), prefix::reusable(n, job.prompt.len()))
-            }
+        match best.map(|(src, n)| (src, prefix::reusable(n, job.prompt.len()))) {
+            Some((src, reuse)) if reuse > 0 => (Some(src), reuse),
             _ => (None, 0),
         }
     }

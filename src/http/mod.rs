@@ -470,7 +470,8 @@ fn generate(state: &AppState, mut req: Request, api: Api) {
     tags.push_str(&format!(" class={}", class.as_str()));
     let prompt_tokens = prompt.len();
     // Prompt tokens the prefix cache holds are not prefilled, and not charged
-    // (the engine decides again at start; `settle` below evens it out).
+    // (the engine decides again at start; the bucket is settled with what it
+    // really reused once the request ends, below).
     let cached_estimate = if gen.echo_logprobs {
         0
     } else {
