@@ -113,7 +113,8 @@ fn serve(cfg: Config) -> Result<(), String> {
                 let params = ContextParams {
                     n_ctx: engine_cfg.n_ctx as u32,
                     n_batch: engine_cfg.n_batch as u32,
-                    n_seq_max: engine_cfg.parallel as u32,
+                    // One sequence id past the slots' for parked cells.
+                    n_seq_max: engine_cfg.parallel as u32 + 1,
                     cpus: engine_cfg.cpus.clone(),
                     poll: engine_cfg.poll,
                     flash_attn,

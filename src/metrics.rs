@@ -117,6 +117,8 @@ pub struct Metrics {
     pub prefix_tokens_evicted: AtomicU64,
     prefix_entries: AtomicUsize,
     prefix_bytes: AtomicUsize,
+    /// Tokens of a finished sequence whose cells wait in the KV cache to be saved.
+    prefix_parked_tokens: AtomicUsize,
     /// `llama_decode` passes stopped mid-way because every sequence in them
     /// was cancelled.
     pub decodes_aborted: AtomicU64,
@@ -157,6 +159,10 @@ pub struct Metrics {
     ttft: Mutex<Histogram<u64>>,
     inter_token: Mutex<Histogram<u64>>,
     request_time: Mutex<Histogram<u64>>,
+    /// |measured − predicted| / measured of each step's time, in permille.
+    step_error: Mutex<Histogram<u64>>,
+    /// Measured / predicted step time, in permille.
+    step_ratio: Mutex<Histogram<u64>>,
     kv_cells_used: AtomicUsize,
 }
 
@@ -178,6 +184,7 @@ impl Default for Metrics {
             prefix_tokens_evicted: AtomicU64::new(0),
             prefix_entries: AtomicUsize::new(0),
             prefix_bytes: AtomicUsize::new(0),
+            prefix_parked_tokens: AtomicUsize::new(0),
             decodes_aborted: AtomicU64::new(0),
             cancel_lag_steps: AtomicU64::new(0),
             cancel_lag_steps_max: AtomicU64::new(0),
@@ -204,8 +211,29 @@ impl Default for Metrics {
             ttft: latency_histogram(),
             inter_token: latency_histogram(),
             request_time: latency_histogram(),
+            step_error: ratio_histogram(),
+            step_ratio: ratio_histogram(),
             kv_cells_used: AtomicUsize::new(0),
         }
+    }
+}
+
+/// Ratios in permille, up to a thousandfold.
+const RATIO_PERMILLE_MAX: u64 = 1_000_000;
+
+fn ratio_histogram() -> Mutex<Histogram<u64>> {
+    Mutex::new(
+        Histogram::new_with_bounds(1, RATIO_PERMILLE_MAX, 3).expect("valid histogram bounds"),
+    )
+}
+
+fn record_permille(h: &Mutex<Histogram<u64>>, ratio: f64) {
+    if !ratio.is_finite() {
+        return;
+    }
+    let permille = ((ratio * 1000.0).round().max(0.0) as u64).clamp(1, RATIO_PERMILLE_MAX);
+    if let Ok(mut h) = h.lock() {
+        h.saturating_record(permille);
     }
 }
 
@@ -285,6 +313,17 @@ impl Metrics {
         record(&self.step_time, d);
     }
 
+    /// How far the cost model's forecast of a step was from its measured time.
+    pub fn record_step_forecast(&self, predicted_s: f64, measured_s: f64) {
+        if predicted_s > 0.0 && measured_s > 0.0 {
+            record_permille(
+                &self.step_error,
+                (measured_s - predicted_s).abs() / measured_s,
+            );
+            record_permille(&self.step_ratio, measured_s / predicted_s);
+        }
+    }
+
     pub fn set_engine_gauges(
         &self,
         active: usize,
@@ -300,7 +339,9 @@ impl Metrics {
     }
 
     /// What the prefix cache holds: entries, and the bytes of their states.
-    pub fn set_prefix_gauges(&self, entries: usize, bytes: usize) {
+    pub fn set_prefix_gauges(&self, entries: usize, bytes: usize, parked_tokens: usize) {
+        self.prefix_parked_tokens
+            .store(parked_tokens, Ordering::Relaxed);
         self.prefix_entries.store(entries, Ordering::Relaxed);
         self.prefix_bytes.store(bytes, Ordering::Relaxed);
     }
@@ -404,6 +445,12 @@ impl Metrics {
             "sluice_prefix_cache_bytes",
             "Bytes of KV state the prefix cache entries hold, in host memory (at most --prefix-cache-mb).",
             self.prefix_bytes.load(Ordering::Relaxed) as f64,
+        );
+        gauge(
+            &mut out,
+            "sluice_prefix_cache_parked_tokens",
+            "Tokens of a finished sequence whose cells stay in the KV cache until no stream waits, then are saved (a running request may share them meanwhile).",
+            self.prefix_parked_tokens.load(Ordering::Relaxed) as f64,
         );
         counter(
             &mut out,
@@ -609,14 +656,33 @@ impl Metrics {
                 &self.step_time,
             ),
         ] {
-            let Ok(h) = h.lock() else { continue };
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
-            for q in QUANTILES {
-                let v = h.value_at_quantile(q) as f64 / 1e6;
-                let _ = writeln!(out, "{name}{{quantile=\"{q}\"}} {v}");
-            }
-            let _ = writeln!(out, "{name}_count {}", h.len());
+            summary(&mut out, name, help, h, 1e6);
+        }
+        for (name, help, h) in [
+            (
+                "sluice_step_forecast_error_ratio",
+                "|measured - predicted| / measured time of an engine step (the cost model's error).",
+                &self.step_error,
+            ),
+            (
+                "sluice_step_measured_over_predicted_ratio",
+                "Measured / predicted time of an engine step (above 1: the model is optimistic).",
+                &self.step_ratio,
+            ),
+        ] {
+            summary(&mut out, name, help, h, 1e3);
         }
         out
     }
+}
+
+/// One histogram as a Prometheus summary, its values divided by `scale`.
+fn summary(out: &mut String, name: &str, help: &str, h: &Mutex<Histogram<u64>>, scale: f64) {
+    let Ok(h) = h.lock() else { return };
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+    for q in QUANTILES {
+        let v = h.value_at_quantile(q) as f64 / scale;
+        let _ = writeln!(out, "{name}{{quantile=\"{q}\"}} {v}");
+    }
+    let _ = writeln!(out, "{name}_count {}", h.len());
 }

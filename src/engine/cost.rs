@@ -38,6 +38,14 @@ pub const STEP_AIM_SHARE: f64 = 0.8;
 /// Smallest prefill chunk in a step with decode tokens, even when the decode
 /// tokens alone reach the target: a prompt always makes progress.
 pub const PREFILL_CHUNK_MIN_TOKENS: usize = 1;
+/// Share of the inter-token target a prompt being prefilled always gets in a
+/// step, even when the decode tokens alone fill the target (a busy box, many
+/// streams deep in a long context). Without it a prompt beside streams that
+/// miss the target anyway advances by one token a step, and on the 2-core box
+/// with a compiler running a 6,000-token prompt beside two streams did not
+/// reach its first token in 300 s; with it, the streams' steps grow by at most
+/// this share of the target.
+pub const PREFILL_SHARE_MIN: f64 = 0.25;
 /// Chunks that start within this many tokens of their prompt's start teach the
 /// fresh-prompt cost; later ones pay for attention over what came before.
 pub const SHORT_CONTEXT_TOKENS: usize = 512;
@@ -194,6 +202,15 @@ impl CostModel {
             .collect()
     }
 
+    /// Forecast of a step of `n_decode` decode tokens and `chunks`, in seconds.
+    pub fn predict(&self, n_decode: usize, chunks: &[Chunk]) -> f64 {
+        self.decode_s(n_decode)
+            + chunks
+                .iter()
+                .map(|c| c.tokens as f64 * self.chunk_s_per_token(c))
+                .sum::<f64>()
+    }
+
     /// What a chunk is expected to cost per token: its sequence's own measured
     /// cost, or a fresh prompt's.
     pub fn chunk_s_per_token(&self, c: &Chunk) -> f64 {
@@ -225,7 +242,9 @@ impl CostModel {
         if n_decode == 0 {
             return ceiling;
         }
-        let room = itl_target.as_secs_f64() * STEP_AIM_SHARE - self.decode_s(n_decode);
+        let target = itl_target.as_secs_f64();
+        let room =
+            (target * STEP_AIM_SHARE - self.decode_s(n_decode)).max(target * PREFILL_SHARE_MIN);
         let tokens = (room / s_per_token).floor();
         let tokens = if tokens.is_finite() && tokens > 0.0 {
             tokens.min(ceiling as f64) as usize
@@ -455,10 +474,31 @@ mod tests {
             512,
             "nothing decodes: largest chunk"
         );
+        // Four decode tokens cost 25 ms, past a 20 ms target: the prompt still
+        // gets a quarter of the target, 5 ms, one token at 4 ms.
         assert_eq!(
-            m.prefill_budget(4, fresh, Duration::from_millis(10), 512),
-            PREFILL_CHUNK_MIN_TOKENS,
+            m.prefill_budget(4, fresh, Duration::from_millis(20), 512),
+            1,
             "a prompt always progresses"
+        );
+        assert_eq!(
+            m.prefill_budget(4, fresh, Duration::from_millis(2), 512),
+            PREFILL_CHUNK_MIN_TOKENS,
+            "at least one token"
+        );
+        // Decode alone (25 ms) past a 30 ms target's aim of 24 ms: 7.5 ms of
+        // prefill, one token; at 100 ms, 80 - 25 = 55 ms: 13 tokens.
+        assert_eq!(
+            m.prefill_budget(4, fresh, Duration::from_millis(100), 512),
+            13
+        );
+        // A target as long as the decode part alone (25 ms): a quarter of it,
+        // 6.25 ms, goes to the prompt: 6 tokens at 1 ms.
+        let target = Duration::from_secs_f64(m.decode_s(4));
+        assert_eq!(
+            m.prefill_budget(4, 0.001, target, 512),
+            6,
+            "decode past the target: a quarter of the target for the prompt"
         );
         assert_eq!(
             m.prefill_budget(4, fresh, Duration::from_secs(60), 512),

@@ -156,6 +156,11 @@ struct Seq {
 
 impl Seq {
     /// The cost model's view of this sequence's next `tokens` prompt tokens.
+    /// Generating: a stream waits for this sequence's next token.
+    fn is_decoding(&self) -> bool {
+        !self.done && self.job.prompt.len() <= self.n_past
+    }
+
     fn chunk(&self, tokens: usize) -> Chunk {
         Chunk {
             tokens,
@@ -226,6 +231,7 @@ pub fn run(
         kv_cells_reserved: 0,
         batch_kv_cells_reserved: 0,
         prefix,
+        parked: None,
         admitted: 0,
         codel: cfg
             .shed
@@ -238,6 +244,7 @@ pub fn run(
         engine.metrics.beat();
         engine.reap(&mut ctx);
         engine.deliver_outboxes(&mut ctx);
+        engine.save_parked_when_quiet(&mut ctx);
         let closed = if engine.shutdown.is_shutdown() {
             engine.refuse_queued(&jobs)
         } else {
@@ -281,6 +288,10 @@ struct Engine {
     batch_kv_cells_reserved: usize,
     /// Finished sequences' KV states, in host memory, for reuse.
     prefix: PrefixCache,
+    /// The tokens of a finished sequence whose cells are parked on the spare
+    /// sequence id (`cfg.parallel`) until it can be saved without delaying a
+    /// stream; see `release_kv`.
+    parked: Option<Vec<Token>>,
     admitted: u64,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
@@ -300,6 +311,8 @@ enum Source {
     Running(usize),
     /// A prefix cache entry: its state is restored.
     Cached(EntryId),
+    /// The parked sequence: its cells are shared.
+    Parked,
 }
 
 /// What became of a job taken from its queue.
@@ -547,12 +560,25 @@ impl Engine {
                 return Start::Refused;
             }
         }
+        let seq_id = slot as i32;
+        // Parked cells give way to the cells this job reserves (and to an
+        // entry restored whole): they never make a job wait or fail.
+        let restoring = match source {
+            Some(Source::Cached(id)) => self.prefix.entry_tokens(id),
+            _ => 0,
+        };
+        if source == Some(Source::Parked) {
+            ctx.share_cells(self.spare_seq(), seq_id, 0, reuse as i32);
+        }
+        if self.kv_cells_reserved + cells.max(restoring) + self.parked_cells() > self.cfg.n_ctx {
+            self.drop_parked(ctx);
+        }
         self.kv_cells_reserved += cells;
         if class == Class::Batch {
             self.batch_kv_cells_reserved += cells;
         }
-        let seq_id = slot as i32;
         match source {
+            Some(Source::Parked) => {}
             Some(Source::Running(src)) => ctx.share_cells(src as i32, seq_id, 0, reuse as i32),
             Some(Source::Cached(id)) => {
                 // The entry's whole state comes back (into cells no running
@@ -631,6 +657,11 @@ impl Engine {
                 let n = prefix::common_prefix(&s.kv_tokens, &job.prompt);
                 (Source::Running(slot), n)
             })
+            .chain(
+                self.parked
+                    .as_ref()
+                    .map(|t| (Source::Parked, prefix::common_prefix(t, &job.prompt))),
+            )
             .max_by_key(|&(_, n)| n);
         let cached = self
             .prefix
@@ -811,6 +842,8 @@ impl Engine {
             })
             .collect();
         let chunks: Vec<Chunk> = prefills.iter().map(|&(_, c)| c).collect();
+        self.metrics
+            .record_step_forecast(self.cost.predict(n_decode, &chunks), took.as_secs_f64());
         let measured = self.cost.observe(n_decode, &chunks, took.as_secs_f64());
         for (&(slot, _), m) in prefills.iter().zip(measured) {
             if let Some(seq) = self.slots[slot].as_mut() {
@@ -1007,11 +1040,67 @@ impl Engine {
     /// Frees the slot's KV cells, or, with `keep` (its cells hold what its
     /// tokens say: it completed or was cancelled, not failed), moves them into
     /// a prefix cache entry. Either way its reservation ends.
+    /// The sequence id parked cells live on: one past the slots'.
+    fn spare_seq(&self) -> i32 {
+        self.cfg.parallel as i32
+    }
+
+    /// Cells the parked sequence holds (some may be shared with running ones).
+    fn parked_cells(&self) -> usize {
+        self.parked.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Frees the parked cells without saving them.
+    fn drop_parked(&mut self, ctx: &mut Context) {
+        if let Some(tokens) = self.parked.take() {
+            ctx.clear_sequence(self.spare_seq());
+            self.prefix.index().clear_running(self.cfg.parallel);
+            self.metrics
+                .prefix_tokens_evicted
+                .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Saves the parked sequence into the prefix cache once no stream is
+    /// waiting for a token (the copy then delays only prompts).
+    fn save_parked_when_quiet(&mut self, ctx: &mut Context) {
+        if self.parked.is_none() || self.slots.iter().flatten().any(Seq::is_decoding) {
+            return;
+        }
+        let tokens = self.parked.take().expect("parked");
+        let state = ctx.save_sequence(self.spare_seq());
+        ctx.clear_sequence(self.spare_seq());
+        self.prefix.index().clear_running(self.cfg.parallel);
+        let kept = self.prefix.insert(tokens, state);
+        self.metrics
+            .prefix_tokens_evicted
+            .fetch_add(kept.evicted_tokens as u64, Ordering::Relaxed);
+    }
+
     fn release_kv(&mut self, ctx: &mut Context, slot: usize, keep: bool) {
         let seq = self.slots[slot].as_mut().expect("slot is active");
         let tokens = std::mem::take(&mut seq.kv_tokens);
         debug_assert_eq!(tokens.len(), seq.n_past, "kv_tokens follow n_past");
-        if keep && self.prefix.is_enabled() && !tokens.is_empty() {
+        let others_decoding = self
+            .slots
+            .iter()
+            .enumerate()
+            .any(|(s, q)| s != slot && q.as_ref().is_some_and(Seq::is_decoding));
+        if keep && self.prefix.is_enabled() && !tokens.is_empty() && others_decoding {
+            // Saving copies the sequence's cells one run of consecutive cells
+            // at a time (for the transposed V cache, one row of one run), and
+            // beside other streams its cells are interleaved with theirs: up
+            // to 200 ms for a 6,000-token prompt on the 2-core development
+            // box, a stall every stream would see. The cells are parked on
+            // the spare sequence instead (a metadata copy) and saved when no
+            // stream waits; meanwhile a new request can share them in place.
+            self.drop_parked(ctx);
+            ctx.share_cells(slot as i32, self.spare_seq(), 0, tokens.len() as i32);
+            self.prefix
+                .index()
+                .set_running(self.cfg.parallel, tokens.clone().into());
+            self.parked = Some(tokens);
+        } else if keep && self.prefix.is_enabled() && !tokens.is_empty() {
             let state = ctx.save_sequence(slot as i32);
             let kept = self.prefix.insert(tokens, state);
             self.metrics
@@ -1140,7 +1229,7 @@ impl Engine {
         self.metrics
             .set_engine_gauges(active, paused, self.kv_cells_reserved, used);
         self.metrics
-            .set_prefix_gauges(self.prefix.len(), self.prefix.bytes());
+            .set_prefix_gauges(self.prefix.len(), self.prefix.bytes(), self.parked_cells());
         // Readiness follows the interactive queue only: batch work is meant to
         // stand in its queue, and a box whose interactive requests start in
         // time can take more of them.

@@ -116,6 +116,14 @@ impl PrefixCache {
             .map(|(e, n)| (e.id, n, e.tokens.len()))
     }
 
+    /// The number of tokens entry `id` holds (0 if it is gone).
+    pub fn entry_tokens(&self, id: EntryId) -> usize {
+        self.entries
+            .iter()
+            .find(|e| e.id == id)
+            .map_or(0, |e| e.tokens.len())
+    }
+
     /// The state of entry `id`, now the most recently used.
     pub fn take_use(&mut self, id: EntryId) -> Option<&[u8]> {
         self.clock += 1;

@@ -355,3 +355,53 @@ fn a_sequence_keeps_its_logits_while_others_kv_is_freed_evicted_and_reused() {
     );
     compare(&alone, &scored(&replay), n_prompt).check("beside freed, evicted and reused KV");
 }
+
+#[test]
+fn a_sequence_ending_beside_a_stream_is_parked_shared_in_place_and_saved_once_none_waits() {
+    let srv = Server::start(&["--parallel", "3"]);
+    // A stream that runs far longer than the requests beside it (in steps:
+    // they need a prefill and 4 tokens, it needs 1,000 tokens).
+    let mut stream = Sse::open(
+        srv.addr,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 1000, "ignore_eos": true,
+                "temperature": 0, "stream": true}),
+    );
+    assert!(stream.next_json().is_some(), "the stream's first token");
+
+    // A request ends while the stream decodes: its cells are parked, not
+    // saved (saving would stall the stream).
+    let prompt = long_prompt(4);
+    let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true});
+    let first = complete(&srv, body.clone());
+    let n_prompt = prompt_tokens(&first);
+    assert_eq!(cached_tokens(&first), 0);
+    let parked = srv.metric("sluice_prefix_cache_parked_tokens");
+    assert!(
+        parked >= n_prompt as f64,
+        "{parked} tokens parked after a {n_prompt}-token prompt"
+    );
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 0.0);
+
+    // The same prompt again, the stream still decoding: its cells are shared
+    // in place; the repeat parks in turn.
+    let prefilled = srv.metric("sluice_prefill_tokens_total");
+    let again = complete(&srv, body);
+    assert_eq!(cached_tokens(&again), n_prompt - 1);
+    assert_eq!(srv.metric("sluice_prefill_tokens_total") - prefilled, 1.0);
+    assert_eq!(first["choices"][0]["text"], again["choices"][0]["text"]);
+    assert!(srv.metric("sluice_prefix_cache_parked_tokens") > 0.0);
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 0.0);
+
+    // The stream leaves: with no stream waiting, the stream's sequence is
+    // saved, and so is the parked one.
+    drop(stream);
+    wait_until(
+        Duration::from_secs(120),
+        "the parked sequence to be saved",
+        || {
+            srv.metric("sluice_prefix_cache_parked_tokens") == 0.0
+                && srv.metric("sluice_prefix_cache_entries") == 2.0
+        },
+    );
+}
