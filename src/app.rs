@@ -1,10 +1,10 @@
 //! Start-up: parse the command line, load the model, wire the stages together.
 
 use crate::admission::{Admission, Rates};
-use crate::config::{Cli, Command, Config};
+use crate::config::{Cli, Command, Config, FlashAttnSetting};
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
-use crate::engine::ffi::{self, Context, ContextParams, Model};
+use crate::engine::ffi::{self, Context, ContextParams, FlashAttn, Model};
 use crate::engine::prefix::PrefixCache;
 use crate::engine::{self, EngineConfig};
 use crate::http::{self, AppState};
@@ -71,7 +71,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     let notifier = Notifier::from_env();
     ffi::backend_init(cfg.verbose);
     ffi::raise_nofile_limit();
-    let model = Arc::new(engine::load_model(&cfg.model)?);
+    let model = Arc::new(engine::load_model(&cfg.model, cfg.mmap)?);
     let n_ctx_train = model.n_ctx_train() as usize;
     let n_ctx = cfg.ctx_tokens.unwrap_or_else(|| match n_ctx_train {
         0 => CTX_TOKENS_DEFAULT_MAX,
@@ -100,6 +100,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         batch_slots: cfg.batch_slots(),
         batch_kv_cells: cfg.batch_kv_cells(n_ctx),
         batch_every: cfg.batch_every,
+        save_s_per_run: None,
     };
     let calibrate = cfg.rates.is_none();
     let (flash_attn, kv_type) = (cfg.flash_attn, cfg.kv_type);
@@ -110,15 +111,19 @@ fn serve(cfg: Config) -> Result<(), String> {
             .name("sluice-engine".into())
             .spawn(move || {
                 ffi::set_current_thread_name("sluice-ggml");
-                let params = ContextParams {
+                let mut params = ContextParams {
                     n_ctx: engine_cfg.n_ctx as u32,
                     n_batch: engine_cfg.n_batch as u32,
                     // One sequence id past the slots' for parked cells.
                     n_seq_max: engine_cfg.parallel as u32 + 1,
                     cpus: engine_cfg.cpus.clone(),
                     poll: engine_cfg.poll,
-                    flash_attn,
+                    flash_attn: FlashAttn::Off,
                     kv_type,
+                };
+                params.flash_attn = match flash_attn {
+                    FlashAttnSetting::Fixed(f) => f,
+                    FlashAttnSetting::Measure => measure_flash_attn(&model, &params),
                 };
                 let ctx = Context::new(Arc::clone(&model), &params);
                 ffi::set_current_thread_name("sluice-engine");
@@ -141,6 +146,10 @@ fn serve(cfg: Config) -> Result<(), String> {
                     None
                 };
                 let _ = ready_tx.send(Ok((ctx.n_ctx(), calibration, ctx.abort_handle())));
+                let engine_cfg = EngineConfig {
+                    save_s_per_run: calibration.and_then(|c| c.save_s_per_run),
+                    ..engine_cfg
+                };
                 if let Ok(wiring) = queue_rx.recv() {
                     engine::run(model, ctx, engine_cfg, metrics, wiring);
                 }
@@ -155,8 +164,9 @@ fn serve(cfg: Config) -> Result<(), String> {
         (Some(r), _) => (r, CostModel::from_rates(r, cfg.parallel)),
         (None, Some(c)) => {
             eprintln!(
-                "sluice: calibration ({:.1} s): prefill {:.0} tok/s in {}-token chunks; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}",
-                c.seconds, c.prefill_tok_s, cfg.n_batch(), c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel
+                "sluice: calibration ({:.1} s): prefill {:.0} tok/s in {}-token chunks; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}{}",
+                c.seconds, c.prefill_tok_s, cfg.n_batch(), c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel,
+                c.save_s_per_run.map_or(String::new(), |s| format!("; saving a sequence's KV state {:.0} us per run of cells", s * 1e6))
             );
             let rates = Rates {
                 prefill_tok_s: c.prefill_tok_s,
@@ -387,6 +397,55 @@ fn drain(
         std::thread::sleep(MAIN_TICK);
     }
     eprintln!("sluice: drained; exiting");
+}
+
+/// Flash attention or not, by timing both on this CPU and model: a decode
+/// token and a prefill chunk at a chat's depth, each in a small context of its
+/// own (about a second on the 2-core development box). Off if the
+/// measurement fails.
+fn measure_flash_attn(model: &Arc<Model>, base: &ContextParams) -> FlashAttn {
+    use engine::calibration::{
+        flash_attn_wins, time_attention, FLASH_ATTN_CHUNK_TOKENS, FLASH_ATTN_DEPTH_TOKENS,
+    };
+    let started = Instant::now();
+    let timing = |flash_attn, give_up_s| -> Result<engine::calibration::AttentionTiming, String> {
+        let p = ContextParams {
+            n_ctx: (FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS + 64) as u32,
+            n_batch: base.n_batch.max(FLASH_ATTN_DEPTH_TOKENS as u32),
+            n_seq_max: 1,
+            flash_attn,
+            ..base.clone()
+        };
+        let mut ctx = Context::new(Arc::clone(model), &p)?;
+        let prompt =
+            engine::calibration::prompt(model, FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS)?;
+        time_attention(&mut ctx, &prompt, give_up_s)
+    };
+    let measured = timing(FlashAttn::Off, f64::INFINITY)
+        .and_then(|off| Ok((off, timing(FlashAttn::On, 2.0 * off.step_s())?)));
+    match measured {
+        Ok((off, on)) => {
+            let chosen = if flash_attn_wins(&off, &on) {
+                FlashAttn::On
+            } else {
+                FlashAttn::Off
+            };
+            eprintln!(
+                "sluice: flash attention {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}: one decode token {:.1} ms off, {:.1} ms on; a {FLASH_ATTN_CHUNK_TOKENS}-token chunk {:.1} ms off, {:.1} ms on)",
+                if chosen == FlashAttn::On { "on" } else { "off" },
+                started.elapsed().as_secs_f64(),
+                off.decode_s * 1e3,
+                on.decode_s * 1e3,
+                off.chunk_s * 1e3,
+                on.chunk_s * 1e3,
+            );
+            chosen
+        }
+        Err(e) => {
+            eprintln!("sluice: flash attention off (measuring it failed: {e})");
+            FlashAttn::Off
+        }
+    }
 }
 
 /// Measures this machine on the loaded model before any request is taken.

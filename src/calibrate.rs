@@ -16,7 +16,7 @@ pub fn run(args: CalibrateArgs) -> Result<(), String> {
     }
     let cpus = compute_cpus(args.threads)?;
     ffi::backend_init(false);
-    let model = Arc::new(crate::engine::load_model(&args.model)?);
+    let model = Arc::new(crate::engine::load_model(&args.model, false)?);
     let prompt = crate::engine::calibration::prompt(&model, args.prompt_tokens)?;
     let n_seq = *BATCH_SIZES.iter().max().expect("batch sizes");
     let per_seq = prompt.len() + WARMUP_STEPS + args.steps;
@@ -47,6 +47,9 @@ pub fn run(args: CalibrateArgs) -> Result<(), String> {
     let mut results = Vec::new();
     for &b in &BATCH_SIZES {
         let tok_s = time_decode(&mut ctx, &prompt, b, args.steps)?;
+        for seq in 0..b {
+            ctx.clear_sequence(seq as i32);
+        }
         println!(
             "calibrate: batch {b}: {tok_s:.1} tok/s aggregate, {:.1} tok/s per sequence",
             tok_s / b as f64

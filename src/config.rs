@@ -155,10 +155,15 @@ pub struct ServeArgs {
     /// (default: f16)
     #[argh(option, default = "KvType::F16", from_str_fn(parse_kv_type))]
     pub kv_type: KvType,
-    /// flash attention: off, on, or auto (llama.cpp decides: on for the CPU)
-    /// (default: off, measured faster here; see README)
-    #[argh(option, default = "FlashAttn::Off", from_str_fn(parse_flash_attn))]
-    pub flash_attn: FlashAttn,
+    /// flash attention: measure (time a decode token and a prefill chunk at
+    /// depth with it and without, at start-up, and take the faster), off, on,
+    /// or auto (llama.cpp decides: on for the CPU) (default: measure)
+    #[argh(
+        option,
+        default = "FlashAttnSetting::Measure",
+        from_str_fn(parse_flash_attn_setting)
+    )]
+    pub flash_attn: FlashAttnSetting,
     /// inter-token latency target in ms: a step with running streams takes only
     /// as many prefill tokens as keep it within this (default: 150)
     #[argh(option, default = "150")]
@@ -279,6 +284,11 @@ pub struct ServeArgs {
     /// ggml worker polling level after a pass, 0 to 100 (default: 50)
     #[argh(option, default = "50")]
     pub poll: u32,
+    /// map the model file into memory instead of reading it: the weights that
+    /// llama.cpp repacks for this CPU's matrix kernels (AMX, VNNI) would then
+    /// be resident twice (default: read)
+    #[argh(switch)]
+    pub mmap: bool,
     /// show llama.cpp's informational log
     #[argh(switch)]
     pub verbose: bool,
@@ -325,7 +335,7 @@ pub struct Config {
     /// Host memory for the prefix cache, in MiB (0: none).
     pub prefix_cache_mb: usize,
     pub kv_type: KvType,
-    pub flash_attn: FlashAttn,
+    pub flash_attn: FlashAttnSetting,
     /// `--step-tokens`: a fixed step budget; `None` derives it from the ITL target.
     pub step_tokens: Option<usize>,
     pub itl_target: Duration,
@@ -362,6 +372,7 @@ pub struct Config {
     /// `None`: parallel + queue depth + spare, once the depth is known.
     pub http_threads: Option<usize>,
     pub poll: u32,
+    pub mmap: bool,
     pub verbose: bool,
 }
 
@@ -375,11 +386,16 @@ impl Config {
             0,
             PREFIX_CACHE_MB_MAX,
         )?;
-        if a.kv_type == KvType::Q8_0 && a.flash_attn == FlashAttn::Off {
-            return Err(
-                "--kv-type q8_0 needs flash attention (llama.cpp quantizes the V cache only with it): add --flash-attn on".into(),
-            );
-        }
+        let flash_attn = match (a.kv_type, a.flash_attn) {
+            (KvType::Q8_0, FlashAttnSetting::Fixed(FlashAttn::Off)) => {
+                return Err(
+                    "--kv-type q8_0 needs flash attention (llama.cpp quantizes the V cache only with it): add --flash-attn on".into(),
+                );
+            }
+            // Nothing to measure: a quantized V cache exists only with it.
+            (KvType::Q8_0, FlashAttnSetting::Measure) => FlashAttnSetting::Fixed(FlashAttn::On),
+            (_, f) => f,
+        };
         let queue_depth_cap = if a.queue_depth_unsafe {
             QUEUE_DEPTH_UNSAFE_MAX
         } else {
@@ -558,7 +574,7 @@ impl Config {
             parallel: a.parallel,
             prefix_cache_mb: a.prefix_cache_mb,
             kv_type: a.kv_type,
-            flash_attn: a.flash_attn,
+            flash_attn,
             step_tokens: a.step_tokens,
             itl_target: Duration::from_millis(a.itl_target_ms),
             queue_wait: Duration::from_millis(a.queue_wait_ms),
@@ -588,6 +604,7 @@ impl Config {
             send_buffer_bytes: a.send_buffer_bytes,
             http_threads: a.http_threads,
             poll: a.poll,
+            mmap: a.mmap,
             verbose: a.verbose,
         })
     }
@@ -637,7 +654,7 @@ const SERVE_OPTIONS: [&str; 40] = [
     "poll",
 ];
 /// `sluice serve`'s switches.
-const SERVE_SWITCHES: [&str; 4] = ["queue-depth-unsafe", "no-shed", "verbose", "help"];
+const SERVE_SWITCHES: [&str; 5] = ["queue-depth-unsafe", "no-shed", "mmap", "verbose", "help"];
 
 /// The environment variable of a `sluice serve` flag: `SLUICE_` and the flag in
 /// upper case with `_` for `-` (`--queue-wait-ms` → `SLUICE_QUEUE_WAIT_MS`).
@@ -694,6 +711,22 @@ fn parse_kv_type(v: &str) -> Result<KvType, String> {
         "f16" => Ok(KvType::F16),
         "q8_0" => Ok(KvType::Q8_0),
         _ => Err(format!("--kv-type is '{v}'; it must be f16 or q8_0")),
+    }
+}
+
+/// `--flash-attn`: fixed by the operator, or measured at start-up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlashAttnSetting {
+    Measure,
+    Fixed(FlashAttn),
+}
+
+fn parse_flash_attn_setting(v: &str) -> Result<FlashAttnSetting, String> {
+    match v {
+        "measure" => Ok(FlashAttnSetting::Measure),
+        _ => parse_flash_attn(v)
+            .map(FlashAttnSetting::Fixed)
+            .map_err(|_| format!("--flash-attn is '{v}'; it must be measure, on, off or auto")),
     }
 }
 
@@ -815,6 +848,26 @@ mod tests {
         let other = vec!["sluice".to_string(), "calibrate".to_string()];
         assert_eq!(args_with_env(other.clone(), env).unwrap(), other);
         assert_eq!(env_name("queue-wait-ms"), "SLUICE_QUEUE_WAIT_MS");
+    }
+
+    #[test]
+    fn flash_attention_is_measured_unless_given_or_implied_by_a_quantized_cache() {
+        let cfg = |args: &[&str]| {
+            ServeArgs::from_args(&["sluice", "serve"], args)
+                .map_err(|e| e.output)
+                .and_then(Config::from_args)
+        };
+        assert_eq!(cfg(&[]).unwrap().flash_attn, FlashAttnSetting::Measure);
+        assert_eq!(
+            cfg(&["--flash-attn", "off"]).unwrap().flash_attn,
+            FlashAttnSetting::Fixed(FlashAttn::Off)
+        );
+        assert_eq!(
+            cfg(&["--kv-type", "q8_0"]).unwrap().flash_attn,
+            FlashAttnSetting::Fixed(FlashAttn::On)
+        );
+        assert!(cfg(&["--kv-type", "q8_0", "--flash-attn", "off"]).is_err());
+        assert!(cfg(&["--flash-attn", "sometimes"]).is_err());
     }
 
     #[test]

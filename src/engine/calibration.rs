@@ -26,6 +26,11 @@ pub struct Calibration {
     /// Aggregate decode rate with `parallel` sequences in each step.
     pub decode_tok_s_parallel: f64,
     pub parallel: usize,
+    /// Seconds to save a sequence's KV state per run of consecutive cells,
+    /// measured on a sequence decoded beside `parallel - 1` others (each
+    /// decode step leaves it one cell between theirs); `None` with one
+    /// sequence.
+    pub save_s_per_run: Option<f64>,
     pub seconds: f64,
 }
 
@@ -45,16 +50,29 @@ pub fn measure(
     // sequence would cost more than the decode steps timed.
     let context = &prompt[..prompt.len().min(DECODE_CONTEXT_TOKENS)];
     let decode_tok_s_batch_1 = time_decode(ctx, context, 1, steps)?;
-    let decode_tok_s_parallel = if parallel > 1 {
-        time_decode(ctx, context, parallel, steps)?
+    ctx.clear_sequence(0);
+    let (decode_tok_s_parallel, save_s_per_run) = if parallel > 1 {
+        let rate = time_decode(ctx, context, parallel, steps)?;
+        // Sequence 0 now holds its prompt and one cell per decode step, each
+        // between the other sequences' cells: one run per step.
+        let runs = 1 + WARMUP_STEPS + steps;
+        let started = Instant::now();
+        let state = ctx.save_sequence(0);
+        let s = started.elapsed().as_secs_f64();
+        std::hint::black_box(state);
+        for seq in 0..parallel {
+            ctx.clear_sequence(seq as i32);
+        }
+        (rate, Some(s / runs as f64))
     } else {
-        decode_tok_s_batch_1
+        (decode_tok_s_batch_1, None)
     };
     Ok(Calibration {
         prefill_tok_s,
         decode_tok_s_batch_1,
         decode_tok_s_parallel,
         parallel,
+        save_s_per_run,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
@@ -79,7 +97,7 @@ pub fn time_prefill(ctx: &mut Context, prompt: &[Token], seq: i32) -> Result<f64
 
 /// Prefills `prompt` into `n_seq` sequences, then times `steps` decode steps
 /// that each carry one token per sequence. Returns aggregate tokens per second.
-/// Leaves the sequences empty.
+/// Leaves the sequences as they are (the caller clears them).
 pub fn time_decode(
     ctx: &mut Context,
     prompt: &[Token],
@@ -106,8 +124,125 @@ pub fn time_decode(
         let _ = ctx.logits(&batch, n_seq - 1)[0];
     }
     let secs = started.elapsed().as_secs_f64();
-    for seq in 0..n_seq {
-        ctx.clear_sequence(seq as i32);
-    }
     Ok((steps * n_seq) as f64 / secs)
+}
+
+/// Prompt tokens in the cache when flash attention is compared at start-up: a
+/// chat's depth, where its cost for decode already shows.
+pub const FLASH_ATTN_DEPTH_TOKENS: usize = 384;
+/// Tokens of the prefill chunk timed at that depth (a chunk beside streams).
+pub const FLASH_ATTN_CHUNK_TOKENS: usize = 32;
+/// Timed repetitions of each; the median counts.
+const FLASH_ATTN_REPS: usize = 3;
+/// Flash attention is chosen only if a mixed step is at least this much
+/// faster with it: a tie goes to the path without it, which decodes faster
+/// at depth on the CPUs measured so far.
+pub const FLASH_ATTN_GAIN_MIN: f64 = 0.05;
+
+/// A mixed step's two parts at `FLASH_ATTN_DEPTH_TOKENS`, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionTiming {
+    pub decode_s: f64,
+    pub chunk_s: f64,
+}
+
+impl AttentionTiming {
+    pub fn step_s(&self) -> f64 {
+        self.decode_s + self.chunk_s
+    }
+}
+
+/// Times one decode token and one `FLASH_ATTN_CHUNK_TOKENS` chunk of sequence 0
+/// at a depth of `prompt.len() - FLASH_ATTN_CHUNK_TOKENS` tokens (medians of
+/// `FLASH_ATTN_REPS`, after one untimed round). If the untimed round's step
+/// already takes longer than `give_up_s`, that round is the answer: it has
+/// lost, and timing it again would only delay start-up (flash attention's
+/// small chunks at depth took 316 ms here, against 56 ms without). Leaves the
+/// sequence empty.
+pub fn time_attention(
+    ctx: &mut Context,
+    prompt: &[Token],
+    give_up_s: f64,
+) -> Result<AttentionTiming, String> {
+    assert!(
+        prompt.len() > FLASH_ATTN_CHUNK_TOKENS,
+        "a prompt deeper than one chunk"
+    );
+    let depth = prompt.len() - FLASH_ATTN_CHUNK_TOKENS;
+    time_prefill(ctx, &prompt[..depth], 0)?;
+    let mut batch = Batch::new(ctx.n_batch());
+    let (mut chunk, mut decode) = (Vec::new(), Vec::new());
+    let timed = |batch: &Batch, ctx: &mut Context| -> Result<f64, String> {
+        let started = Instant::now();
+        ctx.decode(batch)
+            .map_err(|e| format!("flash attention measurement failed: {e:?}"))?;
+        let _ = ctx.logits(batch, batch.len() - 1)[0];
+        let s = started.elapsed().as_secs_f64();
+        ctx.truncate_sequence(0, depth as i32);
+        Ok(s)
+    };
+    for rep in 0..=FLASH_ATTN_REPS {
+        batch.clear();
+        for (i, &t) in prompt[depth..].iter().enumerate() {
+            batch.push(t, (depth + i) as i32, 0, depth + i + 1 == prompt.len());
+        }
+        let c = timed(&batch, ctx)?;
+        batch.clear();
+        batch.push(prompt[depth], depth as i32, 0, true);
+        let d = timed(&batch, ctx)?;
+        if rep == 0 && c + d > give_up_s {
+            ctx.clear_sequence(0);
+            return Ok(AttentionTiming {
+                decode_s: d,
+                chunk_s: c,
+            });
+        }
+        if rep > 0 {
+            chunk.push(c);
+            decode.push(d);
+        }
+    }
+    ctx.clear_sequence(0);
+    Ok(AttentionTiming {
+        decode_s: median(&mut decode),
+        chunk_s: median(&mut chunk),
+    })
+}
+
+/// With timings `off` and `on`: flash attention only if a mixed step is at
+/// least `FLASH_ATTN_GAIN_MIN` faster with it.
+pub fn flash_attn_wins(off: &AttentionTiming, on: &AttentionTiming) -> bool {
+    on.step_s() < off.step_s() * (1.0 - FLASH_ATTN_GAIN_MIN)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flash_attention_must_win_by_a_margin() {
+        let off = AttentionTiming {
+            decode_s: 0.010,
+            chunk_s: 0.030,
+        };
+        let slightly = AttentionTiming {
+            decode_s: 0.012,
+            chunk_s: 0.027,
+        };
+        let clearly = AttentionTiming {
+            decode_s: 0.008,
+            chunk_s: 0.025,
+        };
+        assert!(!flash_attn_wins(&off, &off), "a tie stays off");
+        assert!(
+            !flash_attn_wins(&off, &slightly),
+            "39 vs 40 ms: within the margin"
+        );
+        assert!(flash_attn_wins(&off, &clearly), "33 vs 40 ms");
+    }
 }

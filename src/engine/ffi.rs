@@ -247,11 +247,18 @@ impl Model {
     /// Loads a GGUF file. The caller checks the file first (see `engine::load_model`)
     /// so that the common mistakes get a clear message; anything llama.cpp itself
     /// rejects is reported here, with its reason in the log above.
-    pub fn load(path: &Path) -> Result<Model, String> {
+    /// `mmap`: map the file (llama.cpp's default) rather than read it into
+    /// buffers.
+    pub fn load(path: &Path, mmap: bool) -> Result<Model, String> {
         let cpath = CString::new(path.to_string_lossy().as_bytes())
             .map_err(|_| format!("model path {} contains a NUL byte", path.display()))?;
         unsafe {
-            let params = sys::llama_model_default_params();
+            let mut params = sys::llama_model_default_params();
+            params.load_mode = if mmap {
+                sys::LLAMA_LOAD_MODE_MMAP
+            } else {
+                sys::LLAMA_LOAD_MODE_NONE
+            };
             let ptr = NonNull::new(sys::llama_model_load_from_file(cpath.as_ptr(), params))
                 .ok_or_else(|| {
                     format!(
@@ -422,8 +429,8 @@ pub struct ContextParams {
     pub kv_type: KvType,
 }
 
-/// Flash attention (`--flash-attn`; off by default, measured faster for
-/// serving on the development VM; see README).
+/// Flash attention (`--flash-attn`; by default measured at start-up, see
+/// `app::measure_flash_attn`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlashAttn {
     /// llama.cpp decides (on where the CPU backend supports it).
@@ -787,22 +794,17 @@ pub struct SamplingParams {
     pub seed: u32,
 }
 
-/// How one sequence picks its next token: greedy in Rust (an argmax over the
-/// logits row; llama.cpp's greedy sampler first builds a candidate array of the
-/// whole vocabulary every step), otherwise a llama.cpp sampler chain.
-pub enum Sampler {
-    Greedy,
-    Chain(NonNull<sys::llama_sampler>),
-}
+/// A llama.cpp sampler chain (top-k, top-p, min-p, temperature, then a draw
+/// from the distribution), for the sampling parameters that need candidates
+/// in order (`engine::sample` handles the others).
+pub struct ChainSampler(NonNull<sys::llama_sampler>);
 
 // SAFETY: a sampler chain is plain state owned by one sequence on the engine thread.
-unsafe impl Send for Sampler {}
+unsafe impl Send for ChainSampler {}
 
-impl Sampler {
-    pub fn new(p: &SamplingParams) -> Sampler {
-        if p.temperature <= 0.0 {
-            return Sampler::Greedy;
-        }
+impl ChainSampler {
+    pub fn new(p: &SamplingParams) -> ChainSampler {
+        assert!(p.temperature > 0.0, "a chain samples at a temperature");
         unsafe {
             let chain = sys::llama_sampler_chain_init(sys::llama_sampler_chain_default_params());
             if p.top_k > 0 {
@@ -816,27 +818,20 @@ impl Sampler {
             }
             sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_temp(p.temperature));
             sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_dist(p.seed));
-            Sampler::Chain(NonNull::new(chain).expect("llama_sampler_chain_init returned NULL"))
+            ChainSampler(NonNull::new(chain).expect("llama_sampler_chain_init returned NULL"))
         }
     }
 
     /// Samples from the logits of batch entry `i` of the last decode, and records
     /// the choice in the chain's state.
     pub fn sample(&mut self, ctx: &mut Context, batch: &Batch, i: usize) -> Token {
-        match self {
-            Sampler::Greedy => super::logprobs::argmax(ctx.logits(batch, i)),
-            Sampler::Chain(chain) => {
-                assert!(batch.wants_logits(i), "sampling entry {i} without logits");
-                unsafe { sys::llama_sampler_sample(chain.as_ptr(), ctx.ptr.as_ptr(), i as i32) }
-            }
-        }
+        assert!(batch.wants_logits(i), "sampling entry {i} without logits");
+        unsafe { sys::llama_sampler_sample(self.0.as_ptr(), ctx.ptr.as_ptr(), i as i32) }
     }
 }
 
-impl Drop for Sampler {
+impl Drop for ChainSampler {
     fn drop(&mut self) {
-        if let Sampler::Chain(chain) = self {
-            unsafe { sys::llama_sampler_free(chain.as_ptr()) }
-        }
+        unsafe { sys::llama_sampler_free(self.0.as_ptr()) }
     }
 }

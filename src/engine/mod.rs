@@ -19,6 +19,7 @@ pub mod ffi;
 pub mod logprobs;
 pub mod planner;
 pub mod prefix;
+pub mod sample;
 pub mod text;
 
 use crate::admission::{QueueGauge, Queues};
@@ -41,6 +42,14 @@ use std::time::{Duration, Instant};
 use text::TextAssembler;
 
 /// How long an idle engine sleeps waiting for work before it checks for shutdown.
+/// Longest stall a save may cause beside running streams, as a share of the
+/// ITL target; a longer one is put off (the cells parked).
+const SAVE_STALL_SHARE_MAX: f64 = 0.5;
+/// Weight of the newest measurement in the save cost's running mean.
+const SAVE_COST_WEIGHT: f64 = 0.5;
+/// Saves of sequences in fewer runs than this do not teach the cost of a run:
+/// their cost is mostly the bytes, not the runs.
+const SAVE_RUNS_LEARN_MIN: usize = 16;
 const IDLE_WAIT_MS: u64 = 100;
 /// How often the engine publishes its measured rates to admission, at most.
 const RATES_PUBLISH_INTERVAL_MS: u64 = 100;
@@ -124,19 +133,27 @@ pub struct EngineConfig {
     /// A sequence paused this long without a break (its reader takes nothing)
     /// is cancelled.
     pub stall_timeout: Duration,
+    /// Seconds to save a sequence's state per run of consecutive cells, as
+    /// start-up calibration measured it; learned online from every save of an
+    /// interleaved sequence.
+    pub save_s_per_run: Option<f64>,
 }
 
 /// One admitted request, bound to a slot (= llama.cpp sequence id).
 struct Seq {
     job: Job,
     admitted: u64,
-    sampler: ffi::Sampler,
+    sampler: sample::Sampler,
     text: TextAssembler,
     /// Tokens of this sequence already in the KV cache.
     n_past: usize,
     /// Those tokens (`n_past` of them): what a prefix cache entry made of
     /// this sequence holds.
     kv_tokens: Vec<Token>,
+    /// Runs of consecutive KV cells those tokens are in, at most: one more
+    /// for every step that placed other sequences' tokens beside its own.
+    /// What saving its state costs.
+    runs: usize,
     /// Prompt tokens taken from the prefix cache instead of prefilled.
     reused: usize,
     /// The last sampled token, to be decoded next step.
@@ -232,6 +249,8 @@ pub fn run(
         batch_kv_cells_reserved: 0,
         prefix,
         parked: None,
+        parked_runs: 0,
+        save_s_per_run: cfg.save_s_per_run,
         admitted: 0,
         codel: cfg
             .shed
@@ -292,6 +311,11 @@ struct Engine {
     /// sequence id (`cfg.parallel`) until it can be saved without delaying a
     /// stream; see `release_kv`.
     parked: Option<Vec<Token>>,
+    /// Runs of cells the parked sequence's are in.
+    parked_runs: usize,
+    /// Seconds per run of consecutive cells of saving a sequence's KV state
+    /// (running mean; seeded by calibration).
+    save_s_per_run: Option<f64>,
     admitted: u64,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
@@ -518,6 +542,13 @@ impl Engine {
             return Start::NoRoom(job);
         }
         let (source, mut reuse) = self.reuse_source(&job);
+        // Cells shared in place are in the runs their owner's are; a restored
+        // entry's are in one.
+        let shared_runs = match source {
+            Some(Source::Running(src)) => self.slots[src].as_ref().map_or(0, |s| s.runs),
+            Some(Source::Parked) => self.parked_runs,
+            Some(Source::Cached(_)) | None => 0,
+        };
         let sojourn = now.saturating_duration_since(job.enqueued_at);
         let shed = self.cfg.shed[class.index()];
         let codel = self.codel[class.index()].as_mut();
@@ -615,11 +646,12 @@ impl Engine {
             .started
             .fetch_add(1, Ordering::Relaxed);
         let seq = Seq {
-            sampler: ffi::Sampler::new(&job.gen.sampling),
+            sampler: sample::Sampler::new(&job.gen.sampling),
             text: TextAssembler::new(job.gen.stop.clone()),
             admitted: self.admitted,
             n_past: reuse,
             kv_tokens: job.prompt[..reuse].to_vec(),
+            runs: 1 + shared_runs,
             reused: reuse,
             next_token: None,
             last_token_at: None,
@@ -855,6 +887,15 @@ impl Engine {
             self.rates_published_at = Instant::now();
         }
 
+        // Each sequence's tokens of a step sit in one run of cells; beside
+        // other sequences' they start a new one.
+        if placed.len() > 1 {
+            for &(slot, _, _) in &placed {
+                if let Some(seq) = self.slots[slot].as_mut() {
+                    seq.runs += 1;
+                }
+            }
+        }
         for (slot, first, n) in placed {
             self.after_decode(ctx, slot, first, n);
         }
@@ -1050,6 +1091,21 @@ impl Engine {
         self.parked.as_ref().map_or(0, Vec::len)
     }
 
+    /// Saves sequence `seq`'s KV state (in at most `runs` runs of cells); a
+    /// sequence in many runs teaches what a run costs.
+    fn save_timed(&mut self, ctx: &mut Context, seq: i32, runs: usize) -> Vec<u8> {
+        let started = Instant::now();
+        let state = ctx.save_sequence(seq);
+        if runs >= SAVE_RUNS_LEARN_MIN {
+            let s = started.elapsed().as_secs_f64() / runs as f64;
+            self.save_s_per_run = Some(
+                self.save_s_per_run
+                    .map_or(s, |old| old + SAVE_COST_WEIGHT * (s - old)),
+            );
+        }
+        state
+    }
+
     /// Frees the parked cells without saving them.
     fn drop_parked(&mut self, ctx: &mut Context) {
         if let Some(tokens) = self.parked.take() {
@@ -1068,7 +1124,7 @@ impl Engine {
             return;
         }
         let tokens = self.parked.take().expect("parked");
-        let state = ctx.save_sequence(self.spare_seq());
+        let state = self.save_timed(ctx, self.spare_seq(), self.parked_runs);
         ctx.clear_sequence(self.spare_seq());
         self.prefix.index().clear_running(self.cfg.parallel);
         let kept = self.prefix.insert(tokens, state);
@@ -1081,27 +1137,35 @@ impl Engine {
         let seq = self.slots[slot].as_mut().expect("slot is active");
         let tokens = std::mem::take(&mut seq.kv_tokens);
         debug_assert_eq!(tokens.len(), seq.n_past, "kv_tokens follow n_past");
+        let runs = seq.runs;
         let others_decoding = self
             .slots
             .iter()
             .enumerate()
             .any(|(s, q)| s != slot && q.as_ref().is_some_and(Seq::is_decoding));
-        if keep && self.prefix.is_enabled() && !tokens.is_empty() && others_decoding {
-            // Saving copies the sequence's cells one run of consecutive cells
-            // at a time (for the transposed V cache, one row of one run), and
-            // beside other streams its cells are interleaved with theirs: up
-            // to 200 ms for a 6,000-token prompt on the 2-core development
-            // box, a stall every stream would see. The cells are parked on
-            // the spare sequence instead (a metadata copy) and saved when no
-            // stream waits; meanwhile a new request can share them in place.
+        // Saving copies the sequence's cells one run of consecutive cells at a
+        // time (for the transposed V cache, one row of one run), and beside
+        // other streams its cells are interleaved with theirs: 196 ms for a
+        // 6,258-token prompt on the 2-core development box, a stall every
+        // stream sees. A save expected to stall them longer than
+        // SAVE_STALL_SHARE_MAX of the ITL target is put off: the cells are
+        // parked on the spare sequence (a metadata copy) and saved when no
+        // stream waits; meanwhile a new request can share them in place.
+        // Shorter saves happen at once: parked cells lengthen every step's
+        // attention (at 4 clients, parking every finished request raised the
+        // time to first token from ~270 to ~340 ms).
+        let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs as f64);
+        let too_long = stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64();
+        if keep && self.prefix.is_enabled() && !tokens.is_empty() && others_decoding && too_long {
             self.drop_parked(ctx);
             ctx.share_cells(slot as i32, self.spare_seq(), 0, tokens.len() as i32);
             self.prefix
                 .index()
                 .set_running(self.cfg.parallel, tokens.clone().into());
             self.parked = Some(tokens);
+            self.parked_runs = runs;
         } else if keep && self.prefix.is_enabled() && !tokens.is_empty() {
-            let state = ctx.save_sequence(slot as i32);
+            let state = self.save_timed(ctx, slot as i32, runs);
             let kept = self.prefix.insert(tokens, state);
             self.metrics
                 .prefix_tokens_evicted
@@ -1268,7 +1332,7 @@ const GGUF_BYTES_MIN: u64 = 1024;
 
 /// Checks the model file for the usual mistakes (missing, not GGUF, cut short),
 /// with a message that says which, then loads it.
-pub fn load_model(path: &std::path::Path) -> Result<Model, String> {
+pub fn load_model(path: &std::path::Path, mmap: bool) -> Result<Model, String> {
     use std::io::Read;
     let meta = std::fs::metadata(path).map_err(|e| {
         format!(
@@ -1297,5 +1361,5 @@ pub fn load_model(path: &std::path::Path) -> Result<Model, String> {
             meta.len()
         ));
     }
-    Model::load(path).map_err(|e| format!("{e}; the file may be truncated or corrupt"))
+    Model::load(path, mmap).map_err(|e| format!("{e}; the file may be truncated or corrupt"))
 }

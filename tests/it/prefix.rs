@@ -358,9 +358,22 @@ fn a_sequence_keeps_its_logits_while_others_kv_is_freed_evicted_and_reused() {
 
 #[test]
 fn a_sequence_ending_beside_a_stream_is_parked_shared_in_place_and_saved_once_none_waits() {
-    let srv = Server::start(&["--parallel", "3"]);
+    // A 1 ms ITL target: saving a sequence whose cells are in 40 runs (40
+    // tokens decoded beside a stream) would stall the stream longer than half
+    // of it (calibration measures a run's cost: ~0.2 ms on the 2-core
+    // development box), so one that ends beside a stream is parked.
+    let srv = Server::start(&["--parallel", "3", "--itl-target-ms", "1"]);
+    let prompt = long_prompt(60);
+    let body = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true});
+    // Alone: saved at once (nothing to stall).
+    let first = complete(&srv, body.clone());
+    let n_prompt = prompt_tokens(&first);
+    assert!(n_prompt > 1000, "prompt has {n_prompt} tokens");
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0);
+    assert_eq!(srv.metric("sluice_prefix_cache_parked_tokens"), 0.0);
+
     // A stream that runs far longer than the requests beside it (in steps:
-    // they need a prefill and 4 tokens, it needs 1,000 tokens).
+    // each of them prefills one token and decodes 40; it decodes 1,000).
     let mut stream = Sse::open(
         srv.addr,
         "/v1/completions",
@@ -369,32 +382,28 @@ fn a_sequence_ending_beside_a_stream_is_parked_shared_in_place_and_saved_once_no
     );
     assert!(stream.next_json().is_some(), "the stream's first token");
 
-    // A request ends while the stream decodes: its cells are parked, not
-    // saved (saving would stall the stream).
-    let prompt = long_prompt(4);
-    let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": true});
-    let first = complete(&srv, body.clone());
-    let n_prompt = prompt_tokens(&first);
-    assert_eq!(cached_tokens(&first), 0);
+    // The same prompt ends while the stream decodes: its cells are parked,
+    // not saved.
+    let second = complete(&srv, body.clone());
+    assert_eq!(cached_tokens(&second), n_prompt - 1);
     let parked = srv.metric("sluice_prefix_cache_parked_tokens");
     assert!(
         parked >= n_prompt as f64,
         "{parked} tokens parked after a {n_prompt}-token prompt"
     );
-    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 0.0);
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0);
 
-    // The same prompt again, the stream still decoding: its cells are shared
-    // in place; the repeat parks in turn.
+    // Again, the stream still decoding: the parked cells are shared in place.
     let prefilled = srv.metric("sluice_prefill_tokens_total");
-    let again = complete(&srv, body);
-    assert_eq!(cached_tokens(&again), n_prompt - 1);
+    let third = complete(&srv, body);
+    assert_eq!(cached_tokens(&third), n_prompt - 1);
     assert_eq!(srv.metric("sluice_prefill_tokens_total") - prefilled, 1.0);
-    assert_eq!(first["choices"][0]["text"], again["choices"][0]["text"]);
+    assert_eq!(first["choices"][0]["text"], third["choices"][0]["text"]);
     assert!(srv.metric("sluice_prefix_cache_parked_tokens") > 0.0);
-    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 0.0);
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0);
 
     // The stream leaves: with no stream waiting, the stream's sequence is
-    // saved, and so is the parked one.
+    // saved, and so is the parked one (which covers the first entry).
     drop(stream);
     wait_until(
         Duration::from_secs(120),

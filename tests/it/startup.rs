@@ -1,6 +1,8 @@
-//! Start-up: version, and model files that are missing, not GGUF, or cut short.
+//! Start-up: version, flash attention chosen by measurement, and model files
+//! that are missing, not GGUF, or cut short.
 
 use crate::harness::*;
+use serde_json::json;
 use std::process::Command;
 
 #[test]
@@ -57,4 +59,31 @@ fn a_bad_model_file_is_a_clear_error_not_a_crash() {
         assert!(err.contains("truncated or corrupt"), "{err}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn flash_attention_is_measured_at_start_up_unless_it_is_set() {
+    let srv = Server::start(&[]);
+    let log = srv.log();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("sluice: flash attention "))
+        .unwrap_or_else(|| panic!("no flash attention line in the log:\n{log}"));
+    assert!(
+        line.contains("measured in") && line.contains("ms off") && line.contains("ms on"),
+        "{line}"
+    );
+    let r = srv.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    drop(srv);
+
+    let srv = Server::start(&["--flash-attn", "off"]);
+    assert!(
+        !srv.log().contains("sluice: flash attention "),
+        "set by the operator: nothing to measure\n{}",
+        srv.log()
+    );
 }

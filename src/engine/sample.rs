@@ -1,0 +1,192 @@
+//! How one sequence picks its next token from its logits row.
+//!
+//! - Greedy: an argmax (llama.cpp's greedy sampler first builds a candidate
+//!   array of the whole vocabulary every step).
+//! - Temperature, with or without min-p, and no top-k or top-p (OpenAI's
+//!   defaults): sampled here, from the row in place: one pass for the largest
+//!   logit, one that writes each token's weight `exp((l - max) / T)` into a
+//!   buffer the sequence keeps, and a scan to the drawn share of their sum.
+//!   llama.cpp's chain (temperature, then its distribution sampler) builds a
+//!   49,152-entry candidate array for the default model, scales it, computes
+//!   its softmax and normalises it, every token.
+//! - top-k or top-p: llama.cpp's chain, which orders the candidates those need.
+//!
+//! min-p keeps the tokens whose probability at temperature 1 is at least
+//! `min_p` times the most likely one's, as llama.cpp's chain does (it applies
+//! min-p before temperature): `l >= max + ln(min_p)`.
+
+use super::ffi::{self, Context, SamplingParams, Token};
+
+/// A sequence's sampler.
+pub enum Sampler {
+    Greedy,
+    Softmax(Softmax),
+    Chain(ffi::ChainSampler),
+}
+
+impl Sampler {
+    pub fn new(p: &SamplingParams) -> Sampler {
+        if p.temperature <= 0.0 {
+            Sampler::Greedy
+        } else if p.top_k > 0 || p.top_p < 1.0 {
+            Sampler::Chain(ffi::ChainSampler::new(p))
+        } else {
+            Sampler::Softmax(Softmax::new(p.temperature, p.min_p, p.seed))
+        }
+    }
+
+    /// Samples from the logits of batch entry `i` of the last decode.
+    pub fn sample(&mut self, ctx: &mut Context, batch: &ffi::Batch, i: usize) -> Token {
+        match self {
+            Sampler::Greedy => super::logprobs::argmax(ctx.logits(batch, i)),
+            Sampler::Softmax(s) => s.sample(ctx.logits(batch, i)),
+            Sampler::Chain(c) => c.sample(ctx, batch, i),
+        }
+    }
+}
+
+/// Temperature and min-p sampling over a whole logits row; see the module
+/// comment.
+pub struct Softmax {
+    inv_temperature: f32,
+    /// ln(min_p), or minus infinity without min-p.
+    ln_min_p: f32,
+    rng: fastrand::Rng,
+    weights: Vec<f32>,
+}
+
+impl Softmax {
+    pub fn new(temperature: f32, min_p: f32, seed: u32) -> Softmax {
+        assert!(temperature > 0.0, "temperature sampling needs T > 0");
+        Softmax {
+            inv_temperature: 1.0 / temperature,
+            ln_min_p: if min_p > 0.0 {
+                min_p.ln()
+            } else {
+                f32::NEG_INFINITY
+            },
+            rng: fastrand::Rng::with_seed(u64::from(seed)),
+            weights: Vec::new(),
+        }
+    }
+
+    pub fn sample(&mut self, logits: &[f32]) -> Token {
+        let u = self.rng.f64();
+        self.sample_with(logits, u)
+    }
+
+    /// The token at share `u` (in [0, 1)) of the cumulative weights.
+    fn sample_with(&mut self, logits: &[f32], u: f64) -> Token {
+        assert!(!logits.is_empty());
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if !max.is_finite() {
+            return super::logprobs::argmax(logits);
+        }
+        let floor = max + self.ln_min_p;
+        let inv_t = self.inv_temperature;
+        self.weights.clear();
+        self.weights.extend(logits.iter().map(|&l| {
+            if l >= floor {
+                ((l - max) * inv_t).exp()
+            } else {
+                0.0
+            }
+        }));
+        let total: f64 = self.weights.iter().map(|&w| f64::from(w)).sum();
+        let mut left = u * total;
+        let mut last = 0;
+        for (i, &w) in self.weights.iter().enumerate() {
+            if w > 0.0 {
+                last = i;
+                left -= f64::from(w);
+                if left < 0.0 {
+                    return i as Token;
+                }
+            }
+        }
+        // Rounding left a sliver past the last weight: the last token with one.
+        last as Token
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_of_the_cumulative_weight_pick_tokens_in_proportion() {
+        // Weights 1, 2, 1 at T = 1 (logits ln 1, ln 2, ln 1): a quarter, half, a quarter.
+        let logits = [0.0, 2f32.ln(), 0.0];
+        let mut s = Softmax::new(1.0, 0.0, 1);
+        assert_eq!(s.sample_with(&logits, 0.0), 0);
+        assert_eq!(s.sample_with(&logits, 0.24), 0);
+        assert_eq!(s.sample_with(&logits, 0.26), 1);
+        assert_eq!(s.sample_with(&logits, 0.74), 1);
+        assert_eq!(s.sample_with(&logits, 0.76), 2);
+        assert_eq!(s.sample_with(&logits, 0.999_999), 2);
+    }
+
+    #[test]
+    fn temperature_sharpens_and_flattens() {
+        // At T = 0.5 weights square: 1, 4, 1 → token 1 from 1/6 to 5/6.
+        let logits = [0.0, 2f32.ln(), 0.0];
+        let mut s = Softmax::new(0.5, 0.0, 1);
+        assert_eq!(s.sample_with(&logits, 0.15), 0);
+        assert_eq!(s.sample_with(&logits, 0.18), 1);
+        assert_eq!(s.sample_with(&logits, 0.82), 1);
+        assert_eq!(s.sample_with(&logits, 0.85), 2);
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_its_share_of_the_most_likely() {
+        // Probabilities at T = 1 proportional to 8, 1, 4: min_p 0.25 keeps 8 and 4.
+        let logits = [8f32.ln(), 0.0, 4f32.ln()];
+        let mut s = Softmax::new(1.0, 0.25, 1);
+        for k in 0..100 {
+            let t = s.sample_with(&logits, f64::from(k) / 100.0);
+            assert_ne!(t, 1, "token 1 is below min_p");
+        }
+        // The kept 8 : 4 split: the first two thirds go to token 0.
+        assert_eq!(s.sample_with(&logits, 0.66), 0);
+        assert_eq!(s.sample_with(&logits, 0.67), 2);
+    }
+
+    #[test]
+    fn a_seed_gives_the_same_draws_and_frequencies_follow_the_distribution() {
+        let logits: Vec<f32> = (0..1000).map(|i| ((i % 7) as f32) * 0.5).collect();
+        let draw = |seed| {
+            let mut s = Softmax::new(0.8, 0.0, seed);
+            (0..2000).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        assert_eq!(draw(42), draw(42));
+        assert_ne!(draw(42), draw(43));
+        // Tokens of class 6 (logit 3.0) against class 0 (logit 0): their
+        // probability ratio is exp(3.0 / 0.8) = 42.5; over 50,000 draws (some
+        // 550 of class 0) the counts' ratio lands within 15 % of it.
+        let mut s = Softmax::new(0.8, 0.0, 7);
+        let (mut top, mut bottom) = (0u32, 0u32);
+        for _ in 0..50_000 {
+            match s.sample(&logits) as usize % 7 {
+                6 => top += 1,
+                0 => bottom += 1,
+                _ => {}
+            }
+        }
+        let ratio = f64::from(top) / f64::from(bottom.max(1));
+        let want = (3.0f64 / 0.8).exp();
+        assert!(
+            (ratio / want - 1.0).abs() < 0.15,
+            "class 6 : class 0 = {top} : {bottom} = {ratio:.1}, want {want:.1}"
+        );
+    }
+
+    #[test]
+    fn a_row_with_one_finite_logit_gives_that_token() {
+        let mut logits = vec![f32::NEG_INFINITY; 100];
+        logits[37] = 1.0;
+        let mut s = Softmax::new(1.0, 0.0, 3);
+        for _ in 0..20 {
+            assert_eq!(s.sample(&logits), 37);
+        }
+    }
+}
