@@ -61,6 +61,9 @@ fn print_version() {
 
 /// Prompt tokens and decode steps of the start-up calibration (about a second
 /// on a 2-core box).
+/// Allocations from this size up are the kernel's pages, returned on free
+/// (prefix cache entries are ~23 KB a token).
+const LARGE_BLOCK_BYTES: usize = 128 * 1024;
 const CALIBRATION_PROMPT_TOKENS: usize = 128;
 const CALIBRATION_STEPS: usize = 16;
 
@@ -71,6 +74,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     let notifier = Notifier::from_env();
     ffi::backend_init(cfg.verbose);
     ffi::raise_nofile_limit();
+    ffi::return_large_blocks_to_the_kernel(LARGE_BLOCK_BYTES);
     let model = Arc::new(engine::load_model(&cfg.model, cfg.mmap)?);
     let n_ctx_train = model.n_ctx_train() as usize;
     let n_ctx = cfg.ctx_tokens.unwrap_or_else(|| match n_ctx_train {

@@ -148,7 +148,7 @@ pub struct ServeArgs {
     pub parallel: usize,
     /// memory for the prefix cache in MiB: finished sequences' KV state, for
     /// requests that start with the same tokens (least recently used evicted
-    /// first; 0 turns it off) (default: 256)
+    /// first; 0 turns it off) (default: 96)
     #[argh(option, default = "crate::engine::prefix::PREFIX_CACHE_MB_DEFAULT")]
     pub prefix_cache_mb: usize,
     /// KV cache type: f16, or q8_0 (half the memory; needs --flash-attn on)

@@ -208,6 +208,19 @@ pub fn catch_stop_signals() -> &'static std::sync::atomic::AtomicU32 {
     &STOP_SIGNALS
 }
 
+/// Allocations of at least `bytes` get pages of their own from the kernel and
+/// give them back when freed (glibc's `M_MMAP_THRESHOLD`, fixed: glibc would
+/// otherwise raise it to the size of the largest block freed, and serve the
+/// prefix cache's multi-megabyte entries from its heap, where freed space
+/// stays resident). Measured at defaults after a closed loop and a
+/// conversation: 556 MB resident without, 510 MB with.
+pub fn return_large_blocks_to_the_kernel(bytes: usize) {
+    // SAFETY: mallopt only sets an allocator parameter; any value is valid.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, bytes.min(i32::MAX as usize) as i32);
+    }
+}
+
 /// Raises the soft open-files limit to the hard limit; returns the new soft limit.
 pub fn raise_nofile_limit() -> u64 {
     unsafe {
@@ -672,6 +685,11 @@ impl Context {
 
     /// A copy of what `seq`'s KV cells hold (positions and contents), for
     /// [`Context::restore_sequence`]: about `2 · layers · kv_width` values a token.
+    /// Bytes `save_sequence(seq)` would take.
+    pub fn sequence_state_size(&mut self, seq: i32) -> usize {
+        unsafe { sys::llama_state_seq_get_size_ext(self.ptr.as_ptr(), seq, 0) }
+    }
+
     pub fn save_sequence(&mut self, seq: i32) -> Vec<u8> {
         unsafe {
             let n = sys::llama_state_seq_get_size_ext(self.ptr.as_ptr(), seq, 0);

@@ -1091,9 +1091,11 @@ impl Engine {
         self.parked.as_ref().map_or(0, Vec::len)
     }
 
-    /// Saves sequence `seq`'s KV state (in at most `runs` runs of cells); a
-    /// sequence in many runs teaches what a run costs.
-    fn save_timed(&mut self, ctx: &mut Context, seq: i32, runs: usize) -> Vec<u8> {
+    /// Saves sequence `seq`'s KV state (its cells hold `tokens`, in at most
+    /// `runs` runs) as a prefix cache entry, after making room for it; a
+    /// sequence in many runs teaches what a run costs to save.
+    fn save_into_cache(&mut self, ctx: &mut Context, seq: i32, tokens: Vec<Token>, runs: usize) {
+        let room = self.prefix.make_room(&tokens, ctx.sequence_state_size(seq));
         let started = Instant::now();
         let state = ctx.save_sequence(seq);
         if runs >= SAVE_RUNS_LEARN_MIN {
@@ -1103,7 +1105,11 @@ impl Engine {
                     .map_or(s, |old| old + SAVE_COST_WEIGHT * (s - old)),
             );
         }
-        state
+        let kept = self.prefix.insert(tokens, state);
+        self.metrics.prefix_tokens_evicted.fetch_add(
+            (room.evicted_tokens + kept.evicted_tokens) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// Frees the parked cells without saving them.
@@ -1124,13 +1130,9 @@ impl Engine {
             return;
         }
         let tokens = self.parked.take().expect("parked");
-        let state = self.save_timed(ctx, self.spare_seq(), self.parked_runs);
+        self.save_into_cache(ctx, self.spare_seq(), tokens, self.parked_runs);
         ctx.clear_sequence(self.spare_seq());
         self.prefix.index().clear_running(self.cfg.parallel);
-        let kept = self.prefix.insert(tokens, state);
-        self.metrics
-            .prefix_tokens_evicted
-            .fetch_add(kept.evicted_tokens as u64, Ordering::Relaxed);
     }
 
     fn release_kv(&mut self, ctx: &mut Context, slot: usize, keep: bool) {
@@ -1165,11 +1167,7 @@ impl Engine {
             self.parked = Some(tokens);
             self.parked_runs = runs;
         } else if keep && self.prefix.is_enabled() && !tokens.is_empty() {
-            let state = self.save_timed(ctx, slot as i32, runs);
-            let kept = self.prefix.insert(tokens, state);
-            self.metrics
-                .prefix_tokens_evicted
-                .fetch_add(kept.evicted_tokens as u64, Ordering::Relaxed);
+            self.save_into_cache(ctx, slot as i32, tokens, runs);
         }
         self.prefix.index().clear_running(slot);
         ctx.clear_sequence(slot as i32);

@@ -30,8 +30,11 @@
 use super::ffi::Token;
 use std::sync::{Arc, Mutex};
 
-/// Host memory the entries may take by default, in MiB.
-pub const PREFIX_CACHE_MB_DEFAULT: usize = 256;
+/// Host memory the entries may take by default, in MiB: ~4,300 tokens of the
+/// default model's state (three 1,500-token conversations). With 256, sluice's
+/// RSS after a closed loop and a conversation at defaults was 561-633 MB
+/// against llama-server's 497-502 (bench/results/2026-12-01-vm/rss-at-defaults-256).
+pub const PREFIX_CACHE_MB_DEFAULT: usize = 96;
 /// Fewest tokens worth restoring an entry for: below this, prefilling them
 /// costs about what copying the entry's whole state back would.
 pub const REUSE_TOKENS_MIN: usize = 16;
@@ -137,8 +140,29 @@ impl PrefixCache {
     /// recently used, while the bytes would pass the bound. A state larger
     /// than the whole bound is not kept.
     pub fn insert(&mut self, tokens: Vec<Token>, state: Vec<u8>) -> Inserted {
-        let mut out = Inserted::default();
         if tokens.is_empty() || state.len() > self.bytes_max {
+            return Inserted::default();
+        }
+        let out = self.make_room(&tokens, state.len());
+        self.clock += 1;
+        self.bytes += state.len();
+        self.entries.push(Entry {
+            id: self.clock,
+            tokens: tokens.into(),
+            state,
+            used_at: self.clock,
+        });
+        self.publish();
+        out
+    }
+
+    /// Before an entry of `tokens` and `bytes` of state is made: drops the
+    /// entries it covers, then the least recently used while the bytes would
+    /// pass the bound, so that the state is allocated into room already made
+    /// (the process's peak memory stays within the bound).
+    pub fn make_room(&mut self, tokens: &[Token], bytes: usize) -> Inserted {
+        let mut out = Inserted::default();
+        if tokens.is_empty() || bytes > self.bytes_max {
             return out;
         }
         let covered: Vec<EntryId> = self
@@ -150,21 +174,12 @@ impl PrefixCache {
         for id in covered {
             self.remove(id);
         }
-        while self.bytes + state.len() > self.bytes_max {
+        while self.bytes + bytes > self.bytes_max {
             match self.evict_lru() {
                 Some(n) => out.evicted_tokens += n,
                 None => break,
             }
         }
-        self.clock += 1;
-        self.bytes += state.len();
-        self.entries.push(Entry {
-            id: self.clock,
-            tokens: tokens.into(),
-            state,
-            used_at: self.clock,
-        });
-        self.publish();
         out
     }
 
@@ -246,6 +261,24 @@ mod tests {
 
     fn state(bytes: usize) -> Vec<u8> {
         vec![0; bytes]
+    }
+
+    #[test]
+    fn room_is_made_before_a_state_is_allocated() {
+        let mut c = PrefixCache::new(100);
+        c.insert(vec![1, 2, 3], state(40));
+        c.insert(vec![4, 5, 6], state(40));
+        // 60 more bytes: the least recently used entry goes first, so that the
+        // new state's allocation never takes the cache past its bound.
+        let made = c.make_room(&[7, 8, 9], 60);
+        assert_eq!(made.evicted_tokens, 3);
+        assert_eq!(c.bytes(), 40);
+        let kept = c.insert(vec![7, 8, 9], state(60));
+        assert_eq!(kept.evicted_tokens, 0, "the room was made already");
+        assert_eq!(c.bytes(), 100);
+        // A state larger than the whole bound evicts nothing.
+        assert_eq!(c.make_room(&[1], 101).evicted_tokens, 0);
+        assert_eq!(c.len(), 2);
     }
 
     #[test]
