@@ -154,6 +154,11 @@ struct Seq {
     /// for every step that placed other sequences' tokens beside its own.
     /// What saving its state costs.
     runs: usize,
+    /// False when its prefix was shared in place: `runs` then counts all of
+    /// the owner's runs, more than the prefix's, and its save must not teach
+    /// the cost of a run (it would learn too low a cost, and let a long save
+    /// stall the streams).
+    runs_exact: bool,
     /// Prompt tokens taken from the prefix cache instead of prefilled.
     reused: usize,
     /// The last sampled token, to be decoded next step.
@@ -249,7 +254,7 @@ pub fn run(
         batch_kv_cells_reserved: 0,
         prefix,
         parked: None,
-        parked_runs: 0,
+        parked_runs: (0, true),
         save_s_per_run: cfg.save_s_per_run,
         admitted: 0,
         codel: cfg
@@ -311,8 +316,8 @@ struct Engine {
     /// sequence id (`cfg.parallel`) until it can be saved without delaying a
     /// stream; see `release_kv`.
     parked: Option<Vec<Token>>,
-    /// Runs of cells the parked sequence's are in.
-    parked_runs: usize,
+    /// Runs of cells the parked sequence's are in, and whether exactly.
+    parked_runs: (usize, bool),
     /// Seconds per run of consecutive cells of saving a sequence's KV state
     /// (running mean; seeded by calibration).
     save_s_per_run: Option<f64>,
@@ -546,7 +551,7 @@ impl Engine {
         // entry's are in one.
         let shared_runs = match source {
             Some(Source::Running(src)) => self.slots[src].as_ref().map_or(0, |s| s.runs),
-            Some(Source::Parked) => self.parked_runs,
+            Some(Source::Parked) => self.parked_runs.0,
             Some(Source::Cached(_)) | None => 0,
         };
         let sojourn = now.saturating_duration_since(job.enqueued_at);
@@ -652,6 +657,7 @@ impl Engine {
             n_past: reuse,
             kv_tokens: job.prompt[..reuse].to_vec(),
             runs: 1 + shared_runs,
+            runs_exact: shared_runs == 0,
             reused: reuse,
             next_token: None,
             last_token_at: None,
@@ -1094,11 +1100,17 @@ impl Engine {
     /// Saves sequence `seq`'s KV state (its cells hold `tokens`, in at most
     /// `runs` runs) as a prefix cache entry, after making room for it; a
     /// sequence in many runs teaches what a run costs to save.
-    fn save_into_cache(&mut self, ctx: &mut Context, seq: i32, tokens: Vec<Token>, runs: usize) {
+    fn save_into_cache(
+        &mut self,
+        ctx: &mut Context,
+        seq: i32,
+        tokens: Vec<Token>,
+        (runs, exact): (usize, bool),
+    ) {
         let room = self.prefix.make_room(&tokens, ctx.sequence_state_size(seq));
         let started = Instant::now();
         let state = ctx.save_sequence(seq);
-        if runs >= SAVE_RUNS_LEARN_MIN {
+        if exact && runs >= SAVE_RUNS_LEARN_MIN {
             let s = started.elapsed().as_secs_f64() / runs as f64;
             self.save_s_per_run = Some(
                 self.save_s_per_run
@@ -1139,7 +1151,7 @@ impl Engine {
         let seq = self.slots[slot].as_mut().expect("slot is active");
         let tokens = std::mem::take(&mut seq.kv_tokens);
         debug_assert_eq!(tokens.len(), seq.n_past, "kv_tokens follow n_past");
-        let runs = seq.runs;
+        let runs = (seq.runs, seq.runs_exact);
         let others_decoding = self
             .slots
             .iter()
@@ -1156,7 +1168,7 @@ impl Engine {
         // Shorter saves happen at once: parked cells lengthen every step's
         // attention (at 4 clients, parking every finished request raised the
         // time to first token from ~270 to ~340 ms).
-        let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs as f64);
+        let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs.0 as f64);
         let too_long = stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64();
         if keep && self.prefix.is_enabled() && !tokens.is_empty() && others_decoding && too_long {
             self.drop_parked(ctx);
