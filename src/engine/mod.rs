@@ -414,7 +414,7 @@ impl Engine {
         self.slots
             .iter()
             .flatten()
-            .filter(|s| !s.done && s.job.prompt.len() <= s.n_past)
+            .filter(|s| s.is_decoding())
             .count()
     }
 
@@ -1127,8 +1127,7 @@ impl Engine {
     /// Frees the parked cells without saving them.
     fn drop_parked(&mut self, ctx: &mut Context) {
         if let Some(tokens) = self.parked.take() {
-            ctx.clear_sequence(self.spare_seq());
-            self.prefix.index().clear_running(self.cfg.parallel);
+            self.clear_spare(ctx);
             self.metrics
                 .prefix_tokens_evicted
                 .fetch_add(tokens.len() as u64, Ordering::Relaxed);
@@ -1143,6 +1142,11 @@ impl Engine {
         }
         let tokens = self.parked.take().expect("parked");
         self.save_into_cache(ctx, self.spare_seq(), tokens, self.parked_runs);
+        self.clear_spare(ctx);
+    }
+
+    /// Frees the spare sequence's cells and takes them out of the index.
+    fn clear_spare(&mut self, ctx: &mut Context) {
         ctx.clear_sequence(self.spare_seq());
         self.prefix.index().clear_running(self.cfg.parallel);
     }
@@ -1170,16 +1174,18 @@ impl Engine {
         // time to first token from ~270 to ~340 ms).
         let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs.0 as f64);
         let too_long = stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64();
-        if keep && self.prefix.is_enabled() && !tokens.is_empty() && others_decoding && too_long {
-            self.drop_parked(ctx);
-            ctx.share_cells(slot as i32, self.spare_seq(), 0, tokens.len() as i32);
-            self.prefix
-                .index()
-                .set_running(self.cfg.parallel, tokens.clone().into());
-            self.parked = Some(tokens);
-            self.parked_runs = runs;
-        } else if keep && self.prefix.is_enabled() && !tokens.is_empty() {
-            self.save_into_cache(ctx, slot as i32, tokens, runs);
+        if keep && self.prefix.is_enabled() && !tokens.is_empty() {
+            if others_decoding && too_long {
+                self.drop_parked(ctx);
+                ctx.share_cells(slot as i32, self.spare_seq(), 0, tokens.len() as i32);
+                self.prefix
+                    .index()
+                    .set_running(self.cfg.parallel, tokens.clone().into());
+                self.parked = Some(tokens);
+                self.parked_runs = runs;
+            } else {
+                self.save_into_cache(ctx, slot as i32, tokens, runs);
+            }
         }
         self.prefix.index().clear_running(slot);
         ctx.clear_sequence(slot as i32);
