@@ -4,7 +4,7 @@ use crate::admission::{Admission, Rates};
 use crate::config::{Cli, Command, Config, FlashAttnSetting};
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
-use crate::engine::ffi::{self, Context, ContextParams, FlashAttn, Model};
+use crate::engine::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, Model};
 use crate::engine::prefix::PrefixCache;
 use crate::engine::{self, EngineConfig};
 use crate::http::{self, AppState};
@@ -105,6 +105,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         batch_kv_cells: cfg.batch_kv_cells(n_ctx),
         batch_every: cfg.batch_every,
         save_s_per_run: None,
+        kv_layout: cfg.kv_layout,
     };
     let calibrate = cfg.rates.is_none();
     let (flash_attn, kv_type) = (cfg.flash_attn, cfg.kv_type);
@@ -115,11 +116,20 @@ fn serve(cfg: Config) -> Result<(), String> {
             .name("sluice-engine".into())
             .spawn(move || {
                 ffi::set_current_thread_name("sluice-ggml");
+                let per_seq = engine_cfg.kv_layout == KvLayout::PerSequence;
                 let mut params = ContextParams {
-                    n_ctx: engine_cfg.n_ctx as u32,
+                    // Per sequence, each stream holds --ctx cells, so that one
+                    // request may use them all; admission still reserves at
+                    // most --ctx in all (see ARCHITECTURE.md, memory).
+                    n_ctx: if per_seq {
+                        (staggered_cells(engine_cfg.n_ctx) * engine_cfg.parallel) as u32
+                    } else {
+                        staggered_cells(engine_cfg.n_ctx) as u32
+                    },
+                    kv_layout: engine_cfg.kv_layout,
                     n_batch: engine_cfg.n_batch as u32,
-                    // One sequence id past the slots' for parked cells.
-                    n_seq_max: engine_cfg.parallel as u32 + 1,
+                    // Unified: one sequence id past the slots' for parked cells.
+                    n_seq_max: engine_cfg.parallel as u32 + u32::from(!per_seq),
                     cpus: engine_cfg.cpus.clone(),
                     poll: engine_cfg.poll,
                     flash_attn: FlashAttn::Off,
@@ -149,7 +159,11 @@ fn serve(cfg: Config) -> Result<(), String> {
                 } else {
                     None
                 };
-                let _ = ready_tx.send(Ok((ctx.n_ctx(), calibration, ctx.abort_handle())));
+                let n_ctx = match engine_cfg.kv_layout {
+                    KvLayout::Unified => ctx.n_ctx(),
+                    KvLayout::PerSequence => engine_cfg.n_ctx.min(ctx.n_ctx_seq()),
+                };
+                let _ = ready_tx.send(Ok((n_ctx, calibration, ctx.abort_handle())));
                 let engine_cfg = EngineConfig {
                     save_s_per_run: calibration.and_then(|c| c.save_s_per_run),
                     ..engine_cfg
@@ -170,7 +184,10 @@ fn serve(cfg: Config) -> Result<(), String> {
             eprintln!(
                 "sluice: calibration ({:.1} s): prefill {:.0} tok/s in {}-token chunks; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}{}",
                 c.seconds, c.prefill_tok_s, cfg.n_batch(), c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel,
-                c.save_s_per_run.map_or(String::new(), |s| format!("; saving a sequence's KV state {:.0} us per run of cells", s * 1e6))
+                c.save_s_per_run.map_or(String::new(), |s| match cfg.kv_layout {
+                    KvLayout::Unified => format!("; saving a sequence's KV state {:.0} us per run of cells", s * 1e6),
+                    KvLayout::PerSequence => format!("; saving a sequence's KV state {:.1} us per token", s * 1e6),
+                })
             );
             let rates = Rates {
                 prefill_tok_s: c.prefill_tok_s,
@@ -452,6 +469,21 @@ fn measure_flash_attn(model: &Arc<Model>, base: &ContextParams) -> FlashAttn {
     }
 }
 
+/// Cells of a KV stream holding at least `n`: an odd multiple of 256.
+///
+/// With flash attention off, V is stored transposed: one row of the stream's
+/// cells per dimension and layer (5,760 rows for the default model). With
+/// rows a multiple of 4 KiB long, every row crosses into a new page at the
+/// same cell, every 2,048 cells, and the first write there faults in 5,760
+/// pages at once (KV pages are given back when idle, `lazy_zero`): measured
+/// ~100 ms more on that step on the development VM. Rows of an odd multiple
+/// of 512 bytes start at 8 different offsets within a page, so the faults
+/// come in 8 smaller groups, 256 cells apart.
+pub fn staggered_cells(n: usize) -> usize {
+    let blocks = n.div_ceil(256).max(1);
+    (blocks | 1) * 256
+}
+
 /// Measures this machine on the loaded model before any request is taken.
 fn start_up_calibration(
     model: &Model,
@@ -469,5 +501,27 @@ fn start_up_calibration(
         ));
     }
     let prompt = engine::calibration::prompt(model, n)?;
-    engine::calibration::measure(ctx, &prompt, cfg.parallel, CALIBRATION_STEPS)
+    engine::calibration::measure(ctx, &prompt, cfg.parallel, CALIBRATION_STEPS, cfg.kv_layout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::staggered_cells;
+
+    #[test]
+    fn kv_streams_are_an_odd_number_of_256_cell_blocks() {
+        assert_eq!(staggered_cells(1), 256);
+        assert_eq!(staggered_cells(256), 256);
+        assert_eq!(staggered_cells(257), 768);
+        assert_eq!(staggered_cells(1024), 1280);
+        assert_eq!(staggered_cells(8192), 8448);
+        assert_eq!(staggered_cells(8448), 8448);
+        for n in [16, 1000, 4096, 6000, 32768] {
+            let c = staggered_cells(n);
+            assert!(
+                c >= n && c < n + 512 && c.is_multiple_of(256) && !(c / 256).is_multiple_of(2),
+                "{n} -> {c}"
+            );
+        }
+    }
 }

@@ -25,6 +25,7 @@ pub fn run(args: CalibrateArgs) -> Result<(), String> {
         Arc::clone(&model),
         &ContextParams {
             n_ctx: (n_seq * per_seq + 256) as u32,
+            kv_layout: ffi::KvLayout::PerSequence,
             n_batch: prompt.len().max(n_seq) as u32,
             n_seq_max: n_seq as u32,
             cpus: cpus.clone(),

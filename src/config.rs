@@ -6,7 +6,7 @@
 
 use crate::admission::{Policy, Rates, Typical, QUEUE_DEPTH_SAFE_MAX};
 use crate::auth::KeyFile;
-use crate::engine::ffi::{FlashAttn, KvType};
+use crate::engine::ffi::{FlashAttn, KvLayout, KvType};
 use crate::priority::Class;
 use crate::ratelimit::Limit;
 use argh::FromArgs;
@@ -155,6 +155,15 @@ pub struct ServeArgs {
     /// (default: f16)
     #[argh(option, default = "KvType::F16", from_str_fn(parse_kv_type))]
     pub kv_type: KvType,
+    /// KV layout: per-seq (each sequence attends over its own cells, in a
+    /// stream of --ctx cells of its own) or unified (one pool of --ctx cells
+    /// that every sequence's attention spans) (default: per-seq)
+    #[argh(
+        option,
+        default = "KvLayout::PerSequence",
+        from_str_fn(parse_kv_layout)
+    )]
+    pub kv_layout: KvLayout,
     /// flash attention: measure (time a decode token and a prefill chunk at
     /// depth with it and without, at start-up, and take the faster), off, on,
     /// or auto (llama.cpp decides: on for the CPU) (default: measure)
@@ -335,6 +344,7 @@ pub struct Config {
     /// Host memory for the prefix cache, in MiB (0: none).
     pub prefix_cache_mb: usize,
     pub kv_type: KvType,
+    pub kv_layout: KvLayout,
     pub flash_attn: FlashAttnSetting,
     /// `--step-tokens`: a fixed step budget; `None` derives it from the ITL target.
     pub step_tokens: Option<usize>,
@@ -574,6 +584,7 @@ impl Config {
             parallel: a.parallel,
             prefix_cache_mb: a.prefix_cache_mb,
             kv_type: a.kv_type,
+            kv_layout: a.kv_layout,
             flash_attn,
             step_tokens: a.step_tokens,
             itl_target: Duration::from_millis(a.itl_target_ms),
@@ -611,7 +622,7 @@ impl Config {
 }
 
 /// `sluice serve`'s options (they take a value); see [`args_with_env`].
-const SERVE_OPTIONS: [&str; 40] = [
+const SERVE_OPTIONS: [&str; 41] = [
     "model",
     "model-name",
     "host",
@@ -621,6 +632,7 @@ const SERVE_OPTIONS: [&str; 40] = [
     "parallel",
     "prefix-cache-mb",
     "kv-type",
+    "kv-layout",
     "flash-attn",
     "itl-target-ms",
     "step-tokens",
@@ -711,6 +723,16 @@ fn parse_kv_type(v: &str) -> Result<KvType, String> {
         "f16" => Ok(KvType::F16),
         "q8_0" => Ok(KvType::Q8_0),
         _ => Err(format!("--kv-type is '{v}'; it must be f16 or q8_0")),
+    }
+}
+
+fn parse_kv_layout(v: &str) -> Result<KvLayout, String> {
+    match v {
+        "per-seq" => Ok(KvLayout::PerSequence),
+        "unified" => Ok(KvLayout::Unified),
+        _ => Err(format!(
+            "--kv-layout is '{v}'; it must be per-seq or unified"
+        )),
     }
 }
 

@@ -122,6 +122,8 @@ pub struct Metrics {
     /// `llama_decode` passes stopped mid-way because every sequence in them
     /// was cancelled.
     pub decodes_aborted: AtomicU64,
+    /// Times the KV cache's pages went back to the kernel (idle, no cells held).
+    pub kv_pages_released: AtomicU64,
     /// Engine steps begun between a request's cancel and its KV cells being
     /// freed, summed over cancellations, and the most for one.
     cancel_lag_steps: AtomicU64,
@@ -186,6 +188,7 @@ impl Default for Metrics {
             prefix_bytes: AtomicUsize::new(0),
             prefix_parked_tokens: AtomicUsize::new(0),
             decodes_aborted: AtomicU64::new(0),
+            kv_pages_released: AtomicU64::new(0),
             cancel_lag_steps: AtomicU64::new(0),
             cancel_lag_steps_max: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -463,6 +466,12 @@ impl Metrics {
             "sluice_cancel_lag_steps_max",
             "Most engine steps begun between one cancel and its KV cells being freed.",
             l(&self.cancel_lag_steps_max) as f64,
+        );
+        counter(
+            &mut out,
+            "sluice_kv_pages_released_total",
+            "Times the engine, idle with no KV cells held, gave the KV cache's pages back to the kernel.",
+            l(&self.kv_pages_released),
         );
         counter(
             &mut out,

@@ -2,7 +2,7 @@
 //! second, and decode tokens per second at a batch size. Used at start-up (the
 //! admission bounds are derived from it) and by `sluice calibrate`.
 
-use super::ffi::{Batch, Context, Model, Token};
+use super::ffi::{Batch, Context, KvLayout, Model, Token};
 use std::time::Instant;
 
 /// Decode steps run untimed first, so that caches and the threadpool are warm.
@@ -26,10 +26,10 @@ pub struct Calibration {
     /// Aggregate decode rate with `parallel` sequences in each step.
     pub decode_tok_s_parallel: f64,
     pub parallel: usize,
-    /// Seconds to save a sequence's KV state per run of consecutive cells,
-    /// measured on a sequence decoded beside `parallel - 1` others (each
-    /// decode step leaves it one cell between theirs); `None` with one
-    /// sequence.
+    /// Seconds to save a sequence's KV state per save unit: per run of
+    /// consecutive cells (unified; measured on a sequence decoded beside
+    /// `parallel - 1` others, each decode step leaving it one cell between
+    /// theirs), or per token (per sequence); `None` with one sequence.
     pub save_s_per_run: Option<f64>,
     pub seconds: f64,
 }
@@ -42,6 +42,7 @@ pub fn measure(
     prompt: &[Token],
     parallel: usize,
     steps: usize,
+    layout: KvLayout,
 ) -> Result<Calibration, String> {
     let started = Instant::now();
     let prefill_tok_s = time_prefill(ctx, prompt, 0)?;
@@ -53,9 +54,14 @@ pub fn measure(
     ctx.clear_sequence(0);
     let (decode_tok_s_parallel, save_s_per_run) = if parallel > 1 {
         let rate = time_decode(ctx, context, parallel, steps)?;
-        // Sequence 0 now holds its prompt and one cell per decode step, each
-        // between the other sequences' cells: one run per step.
-        let runs = 1 + WARMUP_STEPS + steps;
+        // Sequence 0 now holds its prompt and one cell per decode step. In a
+        // unified cache each of those is between the other sequences' cells:
+        // one run per step. Per sequence, its stream holds its cells alone,
+        // and the copy costs by the cell.
+        let runs = match layout {
+            KvLayout::Unified => 1 + WARMUP_STEPS + steps,
+            KvLayout::PerSequence => (ctx.sequence_pos_max(0) + 1).max(1) as usize,
+        };
         let started = Instant::now();
         let state = ctx.save_sequence(0);
         let s = started.elapsed().as_secs_f64();

@@ -32,7 +32,7 @@ use crate::stream::{
 use codel::{Codel, Verdict};
 use cost::{Chunk, CostModel};
 use crossbeam_channel::{Select, Sender, TrySendError};
-use ffi::{Batch, Context, Model, SamplingParams, Token};
+use ffi::{Batch, Context, KvLayout, Model, SamplingParams, Token};
 use planner::{Phase, SeqView, Work};
 use prefix::{EntryId, PrefixCache};
 use std::collections::VecDeque;
@@ -51,6 +51,10 @@ const SAVE_COST_WEIGHT: f64 = 0.5;
 /// their cost is mostly the bytes, not the runs.
 const SAVE_RUNS_LEARN_MIN: usize = 16;
 const IDLE_WAIT_MS: u64 = 100;
+/// After this long with nothing running, the KV cache's pages are given back
+/// to the kernel. Not at once: faulting a stream's pages in again costs the
+/// next request a few milliseconds.
+const KV_RELEASE_IDLE_MS: u64 = 2_000;
 /// How often the engine publishes its measured rates to admission, at most.
 const RATES_PUBLISH_INTERVAL_MS: u64 = 100;
 /// Events a finished or paused sequence may hold undelivered: its last token and
@@ -137,6 +141,10 @@ pub struct EngineConfig {
     /// start-up calibration measured it; learned online from every save of an
     /// interleaved sequence.
     pub save_s_per_run: Option<f64>,
+    /// Per sequence: no cells are shared or parked (a sequence's cells sit in
+    /// its own stream, one run), and a step's decode tokens and prompt chunks
+    /// go in separate passes (`step`).
+    pub kv_layout: KvLayout,
 }
 
 /// One admitted request, bound to a slot (= llama.cpp sequence id).
@@ -255,6 +263,9 @@ pub fn run(
         prefix,
         parked: None,
         parked_runs: (0, true),
+        parked_seq: cfg.parallel as i32,
+        idle_since: None,
+        kv_written: true,
         save_s_per_run: cfg.save_s_per_run,
         admitted: 0,
         codel: cfg
@@ -287,7 +298,7 @@ pub fn run(
             if closed && !active {
                 break;
             }
-            engine.wait_for_work(&jobs);
+            engine.wait_for_work(&mut ctx, &jobs);
             continue;
         }
         engine.step(&mut ctx, &plan);
@@ -316,8 +327,20 @@ struct Engine {
     /// sequence id (`cfg.parallel`) until it can be saved without delaying a
     /// stream; see `release_kv`.
     parked: Option<Vec<Token>>,
-    /// Runs of cells the parked sequence's are in, and whether exactly.
+    /// What saving the parked sequence costs, in save units (`save_units`),
+    /// and whether exactly.
     parked_runs: (usize, bool),
+    /// The sequence id the parked cells are on. Unified: the spare one,
+    /// `cfg.parallel` (copied there by metadata). Per sequence: their own
+    /// stream, that of a slot left free (a job that reuses them starts there;
+    /// another job starts there only when no other slot is free, and drops
+    /// them first).
+    parked_seq: i32,
+    /// Since when nothing has run or waited (`wait_for_work`).
+    idle_since: Option<Instant>,
+    /// Cells were written since the KV pages last went back to the kernel
+    /// (start-up calibration wrote some).
+    kv_written: bool,
     /// Seconds per run of consecutive cells of saving a sequence's KV state
     /// (running mean; seeded by calibration).
     save_s_per_run: Option<f64>,
@@ -332,6 +355,9 @@ struct Engine {
     cost: CostModel,
     rates_published_at: Instant,
 }
+
+/// A plan entry placed in a pass's batch: (slot, first batch index, tokens).
+type Placed = (usize, usize, usize);
 
 /// Where a starting job's reused prompt prefix comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -479,7 +505,13 @@ impl Engine {
         let mut batch_blocked = false;
         let closed = loop {
             let closed = self.fill_held(jobs);
-            let Some(slot) = self.slots.iter().position(Option::is_none) else {
+            // A free slot whose stream holds parked cells is taken last
+            // (try_start moves a job that reuses them there).
+            let parked = self.parked_slot();
+            let Some(slot) = (0..self.slots.len())
+                .filter(|&i| self.slots[i].is_none())
+                .min_by_key(|&i| Some(i) == parked)
+            else {
                 break closed;
             };
             let batch_may_start = !batch_blocked && self.batch_running() < self.cfg.batch_slots;
@@ -596,6 +628,22 @@ impl Engine {
                 return Start::Refused;
             }
         }
+        // Per sequence, parked cells are in a free slot's stream: a job that
+        // reuses them starts there (no copy), and cuts what follows the shared
+        // prefix; another job starting there drops them.
+        let slot = match (source, self.parked_slot()) {
+            (Some(Source::Parked), Some(parked)) => {
+                self.parked = None;
+                self.prefix.index().clear_running(parked);
+                ctx.truncate_sequence(parked as i32, reuse as i32);
+                parked
+            }
+            (_, Some(parked)) if parked == slot => {
+                self.drop_parked(ctx);
+                slot
+            }
+            _ => slot,
+        };
         let seq_id = slot as i32;
         // Parked cells give way to the cells this job reserves (and to an
         // entry restored whole): they never make a job wait or fail.
@@ -603,7 +651,7 @@ impl Engine {
             Some(Source::Cached(id)) => self.prefix.entry_tokens(id),
             _ => 0,
         };
-        if source == Some(Source::Parked) {
+        if source == Some(Source::Parked) && self.cfg.kv_layout == KvLayout::Unified {
             ctx.share_cells(self.spare_seq(), seq_id, 0, reuse as i32);
         }
         if self.kv_cells_reserved + cells.max(restoring) + self.parked_cells() > self.cfg.n_ctx {
@@ -686,10 +734,14 @@ impl Engine {
             return (None, 0);
         }
         let free = self.cfg.n_ctx - self.kv_cells_reserved;
+        // Per sequence, cells are not shared across streams (llama.cpp would
+        // copy the whole stream): only saved entries are reused.
+        let share = self.cfg.kv_layout == KvLayout::Unified;
         let running = self
             .slots
             .iter()
             .enumerate()
+            .filter(|_| share)
             .filter_map(|(slot, s)| Some((slot, s.as_ref()?)))
             .map(|(slot, s)| {
                 let n = prefix::common_prefix(&s.kv_tokens, &job.prompt);
@@ -780,12 +832,27 @@ impl Engine {
         let _ = job.events.try_send(Event::Error { kind, message });
     }
 
-    fn wait_for_work(&mut self, jobs: &Queues) {
+    fn wait_for_work(&mut self, ctx: &mut Context, jobs: &Queues) {
         if self.held.iter().any(Option::is_some) || self.slots.iter().any(Option::is_some) {
             // Only paused or undelivered streams, or a job waiting for KV
             // cells: poll again shortly.
             std::thread::sleep(Duration::from_millis(1));
+            self.idle_since = None;
             return;
+        }
+        // Idle for a while, nothing parked: the KV pages written go back to
+        // the kernel (a burst's memory does not stay resident), and the next
+        // cells written fault in zero pages again.
+        let idle_since = *self.idle_since.get_or_insert_with(Instant::now);
+        if self.kv_written
+            && self.parked.is_none()
+            && idle_since.elapsed() >= Duration::from_millis(KV_RELEASE_IDLE_MS)
+        {
+            ctx.clear_all_cells();
+            self.kv_written = false;
+            self.metrics
+                .kv_pages_released
+                .fetch_add(1, Ordering::Relaxed);
         }
         let mut select = Select::new();
         for rx in jobs {
@@ -796,13 +863,98 @@ impl Engine {
         let _ = select.ready_timeout(Duration::from_millis(IDLE_WAIT_MS));
     }
 
+    /// Runs one step of `plan`. Per sequence, its decode tokens and its prompt
+    /// chunks go to llama.cpp in two passes: in one pass every sequence's
+    /// attention spans as many cells as the deepest sequence's stream holds,
+    /// so streams decoding beside a long prompt would pay for its depth.
     fn step(&mut self, ctx: &mut Context, plan: &planner::Plan) {
+        let split = self.cfg.kv_layout == KvLayout::PerSequence
+            && plan.n_decode() > 0
+            && plan.n_decode() < plan.entries.len();
+        let passes: Vec<Vec<&planner::Entry>> = if split {
+            let (decode, prefill) = plan.entries.iter().partition(|e| e.work == Work::Decode);
+            vec![decode, prefill]
+        } else {
+            vec![plan.entries.iter().collect()]
+        };
+        let mut took = Duration::ZERO;
+        let mut n_tokens = 0;
+        self.kv_written = true;
+        self.idle_since = None;
+        let mut prefills: Vec<(usize, Chunk)> = Vec::new();
+        for pass in passes {
+            let Some((placed, t)) = self.decode_pass(ctx, &pass) else {
+                return;
+            };
+            took += t;
+            n_tokens += self.batch.len();
+            prefills.extend(
+                placed
+                    .iter()
+                    .filter(|&&(slot, _, n)| {
+                        self.slots[slot]
+                            .as_ref()
+                            .is_some_and(|s| s.n_past < s.job.prompt.len())
+                            && n > 0
+                    })
+                    .map(|&(slot, _, n)| {
+                        let seq = self.slots[slot].as_ref().expect("placed slot is active");
+                        (slot, seq.chunk(n))
+                    }),
+            );
+            // Unified, each sequence's tokens of a step sit in one run of
+            // cells; beside other sequences' they start a new one. Per
+            // sequence, its cells are one run in its own stream.
+            if self.cfg.kv_layout == KvLayout::Unified && placed.len() > 1 {
+                for &(slot, _, _) in &placed {
+                    if let Some(seq) = self.slots[slot].as_mut() {
+                        seq.runs += 1;
+                    }
+                }
+            }
+            // The logits of this pass are read before the next pass's decode.
+            for (slot, first, n) in placed {
+                self.after_decode(ctx, slot, first, n);
+            }
+        }
+        let n_decode = plan.n_decode();
+        self.metrics.record_step(n_tokens, n_decode, took);
+        self.metrics
+            .prefill_tokens
+            .fetch_add((n_tokens - n_decode) as u64, Ordering::Relaxed);
+        let chunks: Vec<Chunk> = prefills.iter().map(|&(_, c)| c).collect();
+        self.metrics
+            .record_step_forecast(self.cost.predict(n_decode, &chunks), took.as_secs_f64());
+        let measured = self.cost.observe(n_decode, &chunks, took.as_secs_f64());
+        for (&(slot, _), m) in prefills.iter().zip(measured) {
+            if let Some(seq) = self.slots[slot].as_mut() {
+                seq.prefill_s_per_token = Some(cost::update_own_cost(seq.prefill_s_per_token, m));
+            }
+        }
+        if self.rates_published_at.elapsed() >= Duration::from_millis(RATES_PUBLISH_INTERVAL_MS) {
+            self.queue.set_rates(self.cost.rates());
+            self.rates_published_at = Instant::now();
+        }
+        self.publish_gauges();
+    }
+
+    /// Decodes `entries` in one llama.cpp call. Returns each entry's (slot,
+    /// first batch index, tokens) and the call's time; `None` when it failed
+    /// or was aborted (its sequences are then failed or cancelled).
+    fn decode_pass(
+        &mut self,
+        ctx: &mut Context,
+        entries: &[&planner::Entry],
+    ) -> Option<(Vec<Placed>, Duration)> {
         let started = Instant::now();
         self.batch.clear();
-        // For each plan entry: (slot, batch index of its last token if it has logits,
-        // first batch index of its chunk, number of tokens).
-        let mut placed: Vec<(usize, usize, usize)> = Vec::with_capacity(plan.entries.len());
-        for entry in &plan.entries {
+        let mut placed: Vec<Placed> = Vec::with_capacity(entries.len());
+        // llama.cpp takes the sequences of one pass over the weights in
+        // consecutive ids: in order, as few passes as the ids allow.
+        let mut entries = entries.to_vec();
+        entries.sort_by_key(|e| e.slot);
+        for entry in entries {
+            let seq_id = entry.slot as i32;
             let seq = self.slots[entry.slot]
                 .as_mut()
                 .expect("planned slot is active");
@@ -810,8 +962,7 @@ impl Engine {
             match entry.work {
                 Work::Decode => {
                     let token = seq.next_token.expect("a decoding sequence has a token");
-                    self.batch
-                        .push(token, seq.n_past as i32, entry.slot as i32, true);
+                    self.batch.push(token, seq.n_past as i32, seq_id, true);
                     placed.push((entry.slot, first, 1));
                 }
                 Work::Prefill { n_tokens } => {
@@ -822,7 +973,7 @@ impl Engine {
                         let last = pos + 1 == prompt_len;
                         let logits = last || seq.job.gen.echo_logprobs;
                         self.batch
-                            .push(seq.job.prompt[pos], pos as i32, entry.slot as i32, logits);
+                            .push(seq.job.prompt[pos], pos as i32, seq_id, logits);
                     }
                     placed.push((entry.slot, first, n_tokens));
                 }
@@ -845,7 +996,7 @@ impl Engine {
                         .unwrap_or(CancelReason::Shutdown);
                     self.cancel(ctx, slot, reason);
                 }
-                return;
+                return None;
             }
             eprintln!(
                 "sluice: decode of a {}-token step failed: {e:?}",
@@ -858,54 +1009,9 @@ impl Engine {
                     format!("the engine could not decode this request ({e:?})"),
                 );
             }
-            return;
+            return None;
         }
-        let took = started.elapsed();
-        let n_decode = plan.n_decode();
-        self.metrics.record_step(self.batch.len(), n_decode, took);
-        self.metrics
-            .prefill_tokens
-            .fetch_add((self.batch.len() - n_decode) as u64, Ordering::Relaxed);
-        let prefills: Vec<(usize, Chunk)> = placed
-            .iter()
-            .filter(|&&(slot, _, n)| {
-                self.slots[slot]
-                    .as_ref()
-                    .is_some_and(|s| s.n_past < s.job.prompt.len())
-                    && n > 0
-            })
-            .map(|&(slot, _, n)| {
-                let seq = self.slots[slot].as_ref().expect("placed slot is active");
-                (slot, seq.chunk(n))
-            })
-            .collect();
-        let chunks: Vec<Chunk> = prefills.iter().map(|&(_, c)| c).collect();
-        self.metrics
-            .record_step_forecast(self.cost.predict(n_decode, &chunks), took.as_secs_f64());
-        let measured = self.cost.observe(n_decode, &chunks, took.as_secs_f64());
-        for (&(slot, _), m) in prefills.iter().zip(measured) {
-            if let Some(seq) = self.slots[slot].as_mut() {
-                seq.prefill_s_per_token = Some(cost::update_own_cost(seq.prefill_s_per_token, m));
-            }
-        }
-        if self.rates_published_at.elapsed() >= Duration::from_millis(RATES_PUBLISH_INTERVAL_MS) {
-            self.queue.set_rates(self.cost.rates());
-            self.rates_published_at = Instant::now();
-        }
-
-        // Each sequence's tokens of a step sit in one run of cells; beside
-        // other sequences' they start a new one.
-        if placed.len() > 1 {
-            for &(slot, _, _) in &placed {
-                if let Some(seq) = self.slots[slot].as_mut() {
-                    seq.runs += 1;
-                }
-            }
-        }
-        for (slot, first, n) in placed {
-            self.after_decode(ctx, slot, first, n);
-        }
-        self.publish_gauges();
+        Some((placed, started.elapsed()))
     }
 
     /// Advances one sequence after a successful decode of its `n` tokens at batch
@@ -956,7 +1062,8 @@ impl Engine {
         if was_prefill {
             self.metrics
                 .record_prefill_done(prompt_len, seq.job.enqueued_at.elapsed());
-            if self.prefix.is_enabled() {
+            // Per sequence, a running sequence's cells are not shared.
+            if self.prefix.is_enabled() && self.cfg.kv_layout == KvLayout::Unified {
                 self.prefix
                     .index()
                     .set_running(slot, Arc::from(&seq.job.prompt[..]));
@@ -1087,9 +1194,15 @@ impl Engine {
     /// Frees the slot's KV cells, or, with `keep` (its cells hold what its
     /// tokens say: it completed or was cancelled, not failed), moves them into
     /// a prefix cache entry. Either way its reservation ends.
-    /// The sequence id parked cells live on: one past the slots'.
+    /// The sequence id parked cells live on.
     fn spare_seq(&self) -> i32 {
-        self.cfg.parallel as i32
+        self.parked_seq
+    }
+
+    /// The slot whose stream holds parked cells (per sequence only).
+    fn parked_slot(&self) -> Option<usize> {
+        let per_seq = self.cfg.kv_layout == KvLayout::PerSequence;
+        (per_seq && self.parked.is_some()).then_some(self.parked_seq as usize)
     }
 
     /// Cells the parked sequence holds (some may be shared with running ones).
@@ -1148,14 +1261,21 @@ impl Engine {
     /// Frees the spare sequence's cells and takes them out of the index.
     fn clear_spare(&mut self, ctx: &mut Context) {
         ctx.clear_sequence(self.spare_seq());
-        self.prefix.index().clear_running(self.cfg.parallel);
+        self.prefix.index().clear_running(self.parked_seq as usize);
     }
 
     fn release_kv(&mut self, ctx: &mut Context, slot: usize, keep: bool) {
         let seq = self.slots[slot].as_mut().expect("slot is active");
         let tokens = std::mem::take(&mut seq.kv_tokens);
         debug_assert_eq!(tokens.len(), seq.n_past, "kv_tokens follow n_past");
-        let runs = (seq.runs, seq.runs_exact);
+        // What a save costs: one run of cells at a time (unified), or in
+        // proportion to its cells (per sequence: one run in its own stream).
+        let runs = match self.cfg.kv_layout {
+            KvLayout::Unified => (seq.runs, seq.runs_exact),
+            KvLayout::PerSequence => (tokens.len(), true),
+        };
+        let seq_id = slot as i32;
+        self.prefix.index().clear_running(slot);
         let others_decoding = self
             .slots
             .iter()
@@ -1177,21 +1297,29 @@ impl Engine {
         if keep && self.prefix.is_enabled() && !tokens.is_empty() {
             if others_decoding && too_long {
                 self.drop_parked(ctx);
-                ctx.share_cells(slot as i32, self.spare_seq(), 0, tokens.len() as i32);
+                self.parked_seq = match self.cfg.kv_layout {
+                    KvLayout::Unified => {
+                        let spare = self.cfg.parallel as i32;
+                        ctx.share_cells(seq_id, spare, 0, tokens.len() as i32);
+                        spare
+                    }
+                    // The cells stay where they are, in the slot's own stream.
+                    KvLayout::PerSequence => seq_id,
+                };
                 self.prefix
                     .index()
-                    .set_running(self.cfg.parallel, tokens.clone().into());
+                    .set_running(self.parked_seq as usize, tokens.clone().into());
                 self.parked = Some(tokens);
                 self.parked_runs = runs;
             } else {
-                self.save_into_cache(ctx, slot as i32, tokens, runs);
+                self.save_into_cache(ctx, seq_id, tokens, runs);
             }
         }
-        self.prefix.index().clear_running(slot);
-        ctx.clear_sequence(slot as i32);
-        debug_assert_eq!(
-            ctx.sequence_pos_max(slot as i32),
-            -1,
+        if self.parked_slot() != Some(slot) {
+            ctx.clear_sequence(seq_id);
+        }
+        debug_assert!(
+            self.parked_slot() == Some(slot) || ctx.sequence_pos_max(seq_id) == -1,
             "KV cells of slot {slot} not freed"
         );
         let seq = self.slots[slot].as_mut().expect("slot is active");

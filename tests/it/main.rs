@@ -10,6 +10,7 @@ mod bench;
 mod flow;
 mod harness;
 mod hostile;
+mod memory;
 mod prefix;
 mod priority;
 mod scale_out;

@@ -357,12 +357,29 @@ fn a_sequence_keeps_its_logits_while_others_kv_is_freed_evicted_and_reused() {
 }
 
 #[test]
-fn a_sequence_ending_beside_a_stream_is_parked_shared_in_place_and_saved_once_none_waits() {
-    // A 1 ms ITL target: saving a sequence whose cells are in 40 runs (40
-    // tokens decoded beside a stream) would stall the stream longer than half
-    // of it (calibration measures a run's cost: ~0.2 ms on the 2-core
-    // development box), so one that ends beside a stream is parked.
-    let srv = Server::start(&["--parallel", "3", "--itl-target-ms", "1"]);
+fn a_sequence_ending_beside_a_stream_is_parked_reused_in_place_and_saved_once_none_waits() {
+    parked_reused_and_saved("per-seq");
+}
+
+#[test]
+fn unified_a_sequence_ending_beside_a_stream_is_parked_shared_in_place_and_saved_once_none_waits() {
+    parked_reused_and_saved("unified");
+}
+
+fn parked_reused_and_saved(layout: &str) {
+    // A 1 ms ITL target: saving a 1,000-token sequence would stall a stream
+    // longer than half of it (calibration measures the cost: per token in its
+    // own stream, ~30 us; per run of cells in a unified cache, ~0.2 ms, and
+    // 40 tokens decoded beside a stream are 40 runs), so one that ends beside
+    // a stream is parked.
+    let srv = Server::start(&[
+        "--parallel",
+        "3",
+        "--itl-target-ms",
+        "1",
+        "--kv-layout",
+        layout,
+    ]);
     let prompt = long_prompt(60);
     let body = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true});
     // Alone: saved at once (nothing to stall).
@@ -393,7 +410,9 @@ fn a_sequence_ending_beside_a_stream_is_parked_shared_in_place_and_saved_once_no
     );
     assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0);
 
-    // Again, the stream still decoding: the parked cells are shared in place.
+    // Again, the stream still decoding: the parked cells are reused in place
+    // (per sequence the request takes their stream over; when it ends, it is
+    // parked in turn).
     let prefilled = srv.metric("sluice_prefill_tokens_total");
     let third = complete(&srv, body);
     assert_eq!(cached_tokens(&third), n_prompt - 1);

@@ -1,0 +1,62 @@
+//! KV memory: each sequence's stream is lazily backed, its pages go back to
+//! the kernel when the engine is idle, and they come back as zeros, with the
+//! same logits as before.
+
+use crate::batching::{compare, scored};
+use crate::harness::*;
+use serde_json::json;
+use std::time::Duration;
+
+/// Resident memory of a process, in kB (`VmRSS`).
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn kv_pages_go_back_to_the_kernel_when_idle_and_read_as_zeros_again() {
+    // No prefix cache: its entries are host memory of their own, and a repeat
+    // would reuse the prompt instead of prefilling it into fresh pages.
+    let srv = Server::start(&["--parallel", "2", "--prefix-cache-mb", "0"]);
+    let released = || srv.metric("sluice_kv_pages_released_total");
+    // Calibration wrote cells; idle, they go back.
+    wait_until(Duration::from_secs(120), "the first release", || {
+        released() >= 1.0
+    });
+    let before = rss_kb(srv.pid());
+
+    // ~2,300 tokens: K and V of its cells are ~53 MB for the default model.
+    let body = json!({"prompt": long_prompt(120), "max_tokens": 8, "temperature": 0,
+                      "ignore_eos": true, "logprobs": 1, "echo": true});
+    let r = srv.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let first = r.body_json();
+    let n_prompt = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(n_prompt > 1500, "prompt has {n_prompt} tokens");
+    let loaded = rss_kb(srv.pid());
+    let n = released();
+    wait_until(Duration::from_secs(120), "the next release", || {
+        released() > n
+    });
+    let after = rss_kb(srv.pid());
+    eprintln!("RSS: {before} kB idle, {loaded} kB after a {n_prompt}-token prompt, {after} kB after the release");
+    // Its cells' K and V alone are n_prompt × 23,040 bytes; the release
+    // gives back at least half that (compute and output buffers, also grown
+    // by the prompt, stay).
+    let kv_kb = n_prompt * 23_040 / 1024;
+    assert!(
+        loaded.saturating_sub(after) >= kv_kb / 2,
+        "the release gave back {} kB; the prompt's cells alone are {kv_kb} kB",
+        loaded.saturating_sub(after)
+    );
+
+    // The same prompt, prefilled into pages the kernel hands out again.
+    let r = srv.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let second = r.body_json();
+    compare(&scored(&first), &scored(&second), 1).check("after the pages went back");
+}
