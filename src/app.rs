@@ -1,10 +1,10 @@
 //! Start-up: parse the command line, load the model, wire the stages together.
 
 use crate::admission::{Admission, Rates};
-use crate::config::{Cli, Command, Config, FlashAttnSetting};
+use crate::config::{Cli, Command, Config, FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
-use crate::engine::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, Model};
+use crate::engine::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
 use crate::engine::prefix::PrefixCache;
 use crate::engine::{self, EngineConfig};
 use crate::http::{self, AppState};
@@ -133,11 +133,25 @@ fn serve(cfg: Config) -> Result<(), String> {
                     cpus: engine_cfg.cpus.clone(),
                     poll: engine_cfg.poll,
                     flash_attn: FlashAttn::Off,
-                    kv_type,
+                    kv_type: KvType::F16,
                 };
-                params.flash_attn = match flash_attn {
-                    FlashAttnSetting::Fixed(f) => f,
-                    FlashAttnSetting::Measure => measure_flash_attn(&model, &params),
+                // What to time: every pairing the flags leave open.
+                let fa = match flash_attn {
+                    FlashAttnSetting::Fixed(f) => vec![f],
+                    FlashAttnSetting::Measure => vec![FlashAttn::Off, FlashAttn::On],
+                };
+                let kv = match kv_type {
+                    KvTypeSetting::Fixed(k) => vec![k],
+                    KvTypeSetting::Measure => vec![KvType::F16, KvType::Q8_0],
+                };
+                let candidates: Vec<(FlashAttn, KvType)> = fa
+                    .iter()
+                    .flat_map(|&f| kv.iter().map(move |&k| (f, k)))
+                    .filter(|&(f, k)| k == KvType::F16 || f != FlashAttn::Off)
+                    .collect();
+                (params.flash_attn, params.kv_type) = match candidates[..] {
+                    [only] => only,
+                    _ => measure_attention(&model, &params, &candidates),
                 };
                 let ctx = Context::new(Arc::clone(&model), &params);
                 ffi::set_current_thread_name("sluice-engine");
@@ -420,21 +434,41 @@ fn drain(
     eprintln!("sluice: drained; exiting");
 }
 
-/// Flash attention or not, by timing both on this CPU and model: a decode
-/// token and a prefill chunk at a chat's depth, each in a small context of its
-/// own (about a second on the 2-core development box). Off if the
-/// measurement fails.
-fn measure_flash_attn(model: &Arc<Model>, base: &ContextParams) -> FlashAttn {
+/// Flash attention and the KV type, by timing each of `candidates` on this
+/// CPU and model: a decode token and a prefill chunk at a chat's depth, each
+/// in a small context of its own (about 0.7 s each on the 2-core development
+/// box). The first candidate is the default; a later one is taken only if it
+/// is `FLASH_ATTN_GAIN_MIN` faster than the choice so far
+/// (`attention_choice`). The first candidate if the measurement fails.
+fn measure_attention(
+    model: &Arc<Model>,
+    base: &ContextParams,
+    candidates: &[(FlashAttn, KvType)],
+) -> (FlashAttn, KvType) {
     use engine::calibration::{
-        flash_attn_wins, time_attention, FLASH_ATTN_CHUNK_TOKENS, FLASH_ATTN_DEPTH_TOKENS,
+        attention_choice, time_attention, AttentionTiming, FLASH_ATTN_CHUNK_TOKENS,
+        FLASH_ATTN_DEPTH_TOKENS,
     };
     let started = Instant::now();
-    let timing = |flash_attn, give_up_s| -> Result<engine::calibration::AttentionTiming, String> {
+    let name = |(f, k): (FlashAttn, KvType)| {
+        let f = match f {
+            FlashAttn::Off => "off",
+            FlashAttn::On => "on",
+            FlashAttn::Auto => "auto",
+        };
+        let k = match k {
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        };
+        format!("{f}/{k}")
+    };
+    let timing = |(flash_attn, kv_type), give_up_s| -> Result<AttentionTiming, String> {
         let p = ContextParams {
             n_ctx: (FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS + 64) as u32,
             n_batch: base.n_batch.max(FLASH_ATTN_DEPTH_TOKENS as u32),
             n_seq_max: 1,
             flash_attn,
+            kv_type,
             ..base.clone()
         };
         let mut ctx = Context::new(Arc::clone(model), &p)?;
@@ -442,31 +476,45 @@ fn measure_flash_attn(model: &Arc<Model>, base: &ContextParams) -> FlashAttn {
             engine::calibration::prompt(model, FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS)?;
         time_attention(&mut ctx, &prompt, give_up_s)
     };
-    let measured = timing(FlashAttn::Off, f64::INFINITY)
-        .and_then(|off| Ok((off, timing(FlashAttn::On, 2.0 * off.step_s())?)));
-    match measured {
-        Ok((off, on)) => {
-            let chosen = if flash_attn_wins(&off, &on) {
-                FlashAttn::On
-            } else {
-                FlashAttn::Off
-            };
-            eprintln!(
-                "sluice: flash attention {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}: one decode token {:.1} ms off, {:.1} ms on; a {FLASH_ATTN_CHUNK_TOKENS}-token chunk {:.1} ms off, {:.1} ms on)",
-                if chosen == FlashAttn::On { "on" } else { "off" },
-                started.elapsed().as_secs_f64(),
-                off.decode_s * 1e3,
-                on.decode_s * 1e3,
-                off.chunk_s * 1e3,
-                on.chunk_s * 1e3,
-            );
-            chosen
-        }
-        Err(e) => {
-            eprintln!("sluice: flash attention off (measuring it failed: {e})");
-            FlashAttn::Off
+    let mut timings: Vec<AttentionTiming> = Vec::with_capacity(candidates.len());
+    for &c in candidates {
+        // A candidate already twice as slow as the best is not timed again.
+        let best = timings
+            .iter()
+            .map(AttentionTiming::step_s)
+            .fold(f64::INFINITY, f64::min);
+        match timing(c, 2.0 * best) {
+            Ok(t) => timings.push(t),
+            Err(e) => {
+                eprintln!(
+                    "sluice: attention: flash attention {} (measuring {} failed: {e})",
+                    name(candidates[0]),
+                    name(c)
+                );
+                return candidates[0];
+            }
         }
     }
+    let chosen = candidates[attention_choice(&timings)];
+    let each: Vec<String> = candidates
+        .iter()
+        .zip(&timings)
+        .map(|(&c, t)| {
+            format!(
+                "{} {:.1}/{:.1} ms",
+                name(c),
+                t.decode_s * 1e3,
+                t.chunk_s * 1e3
+            )
+        })
+        .collect();
+    eprintln!(
+        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}, one decode token/a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
+        name(chosen),
+        started.elapsed().as_secs_f64(),
+        each.join(", ")
+    );
+    chosen
 }
 
 /// Cells of a KV stream holding at least `n`: an odd multiple of 256.

@@ -151,10 +151,15 @@ pub struct ServeArgs {
     /// first; 0 turns it off) (default: 96)
     #[argh(option, default = "crate::engine::prefix::PREFIX_CACHE_MB_DEFAULT")]
     pub prefix_cache_mb: usize,
-    /// KV cache type: f16, or q8_0 (half the memory; needs --flash-attn on)
-    /// (default: f16)
-    #[argh(option, default = "KvType::F16", from_str_fn(parse_kv_type))]
-    pub kv_type: KvType,
+    /// KV cache type: measure (with flash attention, time q8_0 beside f16 at
+    /// start-up), f16, or q8_0 (half the memory; needs flash attention)
+    /// (default: measure)
+    #[argh(
+        option,
+        default = "KvTypeSetting::Measure",
+        from_str_fn(parse_kv_type_setting)
+    )]
+    pub kv_type: KvTypeSetting,
     /// KV layout: per-seq (each sequence attends over its own cells, in a
     /// stream of --ctx cells of its own) or unified (one pool of --ctx cells
     /// that every sequence's attention spans) (default: per-seq)
@@ -343,7 +348,7 @@ pub struct Config {
     pub parallel: usize,
     /// Host memory for the prefix cache, in MiB (0: none).
     pub prefix_cache_mb: usize,
-    pub kv_type: KvType,
+    pub kv_type: KvTypeSetting,
     pub kv_layout: KvLayout,
     pub flash_attn: FlashAttnSetting,
     /// `--step-tokens`: a fixed step budget; `None` derives it from the ITL target.
@@ -396,15 +401,22 @@ impl Config {
             0,
             PREFIX_CACHE_MB_MAX,
         )?;
-        let flash_attn = match (a.kv_type, a.flash_attn) {
-            (KvType::Q8_0, FlashAttnSetting::Fixed(FlashAttn::Off)) => {
+        let q8 = KvTypeSetting::Fixed(KvType::Q8_0);
+        let (kv_type, flash_attn) = match (a.kv_type, a.flash_attn) {
+            (k, FlashAttnSetting::Fixed(FlashAttn::Off)) if k == q8 => {
                 return Err(
                     "--kv-type q8_0 needs flash attention (llama.cpp quantizes the V cache only with it): add --flash-attn on".into(),
                 );
             }
             // Nothing to measure: a quantized V cache exists only with it.
-            (KvType::Q8_0, FlashAttnSetting::Measure) => FlashAttnSetting::Fixed(FlashAttn::On),
-            (_, f) => f,
+            (k, FlashAttnSetting::Measure) if k == q8 => {
+                (k, FlashAttnSetting::Fixed(FlashAttn::On))
+            }
+            // Without flash attention, f16 is the only choice.
+            (KvTypeSetting::Measure, f @ FlashAttnSetting::Fixed(FlashAttn::Off)) => {
+                (KvTypeSetting::Fixed(KvType::F16), f)
+            }
+            (k, f) => (k, f),
         };
         let queue_depth_cap = if a.queue_depth_unsafe {
             QUEUE_DEPTH_UNSAFE_MAX
@@ -583,7 +595,7 @@ impl Config {
             ctx_tokens: a.ctx,
             parallel: a.parallel,
             prefix_cache_mb: a.prefix_cache_mb,
-            kv_type: a.kv_type,
+            kv_type,
             kv_layout: a.kv_layout,
             flash_attn,
             step_tokens: a.step_tokens,
@@ -733,6 +745,23 @@ fn parse_kv_layout(v: &str) -> Result<KvLayout, String> {
         _ => Err(format!(
             "--kv-layout is '{v}'; it must be per-seq or unified"
         )),
+    }
+}
+
+/// `--kv-type`: fixed by the operator, or measured at start-up (with flash
+/// attention; see `app::measure_attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvTypeSetting {
+    Measure,
+    Fixed(KvType),
+}
+
+fn parse_kv_type_setting(v: &str) -> Result<KvTypeSetting, String> {
+    match v {
+        "measure" => Ok(KvTypeSetting::Measure),
+        _ => parse_kv_type(v)
+            .map(KvTypeSetting::Fixed)
+            .map_err(|_| format!("--kv-type is '{v}'; it must be measure, f16 or q8_0")),
     }
 }
 
@@ -889,6 +918,16 @@ mod tests {
             FlashAttnSetting::Fixed(FlashAttn::On)
         );
         assert!(cfg(&["--kv-type", "q8_0", "--flash-attn", "off"]).is_err());
+        assert_eq!(cfg(&[]).unwrap().kv_type, KvTypeSetting::Measure);
+        assert_eq!(
+            cfg(&["--flash-attn", "off"]).unwrap().kv_type,
+            KvTypeSetting::Fixed(KvType::F16)
+        );
+        assert_eq!(
+            cfg(&["--flash-attn", "on"]).unwrap().kv_type,
+            KvTypeSetting::Measure
+        );
+        assert!(cfg(&["--kv-type", "q4"]).is_err());
         assert!(cfg(&["--flash-attn", "sometimes"]).is_err());
     }
 

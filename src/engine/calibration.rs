@@ -221,6 +221,18 @@ pub fn flash_attn_wins(off: &AttentionTiming, on: &AttentionTiming) -> bool {
     on.step_s() < off.step_s() * (1.0 - FLASH_ATTN_GAIN_MIN)
 }
 
+/// Which of several timed settings to take: the first, unless a later one's
+/// step is `FLASH_ATTN_GAIN_MIN` faster than the choice so far.
+pub fn attention_choice(timings: &[AttentionTiming]) -> usize {
+    (1..timings.len()).fold(0, |chosen, i| {
+        if flash_attn_wins(&timings[chosen], &timings[i]) {
+            i
+        } else {
+            chosen
+        }
+    })
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -250,5 +262,18 @@ mod tests {
             "39 vs 40 ms: within the margin"
         );
         assert!(flash_attn_wins(&off, &clearly), "33 vs 40 ms");
+    }
+
+    #[test]
+    fn a_later_setting_is_chosen_only_when_it_beats_the_choice_so_far_by_the_margin() {
+        let t = |ms: f64| AttentionTiming {
+            decode_s: 0.0,
+            chunk_s: ms / 1e3,
+        };
+        assert_eq!(attention_choice(&[t(40.0)]), 0);
+        assert_eq!(attention_choice(&[t(40.0), t(39.0), t(38.5)]), 0);
+        assert_eq!(attention_choice(&[t(40.0), t(33.0), t(32.0)]), 1);
+        assert_eq!(attention_choice(&[t(40.0), t(33.0), t(30.0)]), 2);
+        assert_eq!(attention_choice(&[t(40.0), t(90.0), t(30.0)]), 2);
     }
 }

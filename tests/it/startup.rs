@@ -67,10 +67,14 @@ fn flash_attention_is_measured_at_start_up_unless_it_is_set() {
     let log = srv.log();
     let line = log
         .lines()
-        .find(|l| l.starts_with("sluice: flash attention "))
-        .unwrap_or_else(|| panic!("no flash attention line in the log:\n{log}"));
+        .find(|l| l.starts_with("sluice: attention: "))
+        .unwrap_or_else(|| panic!("no attention line in the log:\n{log}"));
+    // Flash attention off, on, and on with a q8_0 cache: three timed.
     assert!(
-        line.contains("measured in") && line.contains("ms off") && line.contains("ms on"),
+        line.contains("measured in")
+            && line.contains("off/f16 ")
+            && line.contains("on/f16 ")
+            && line.contains("on/q8_0 "),
         "{line}"
     );
     let r = srv.post(
@@ -82,7 +86,7 @@ fn flash_attention_is_measured_at_start_up_unless_it_is_set() {
 
     let srv = Server::start(&["--flash-attn", "off"]);
     assert!(
-        !srv.log().contains("sluice: flash attention "),
+        !srv.log().contains("sluice: attention: "),
         "set by the operator: nothing to measure\n{}",
         srv.log()
     );
