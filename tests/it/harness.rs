@@ -275,6 +275,16 @@ pub fn collect_stream(sse: &mut Sse) -> (String, Vec<Value>) {
     (text, chunks)
 }
 
+/// Resident memory of a process, in kB (`VmRSS` in /proc).
+pub fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
 /// Waits until `cond` holds, polling; panics with `what` after `limit`.
 pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();

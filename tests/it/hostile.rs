@@ -7,16 +7,6 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-/// Resident memory of a process, in kB (`VmRSS` in /proc).
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 /// Sends raw bytes on a new connection and reads the response's status code
 /// (0 if the server closed without one).
 fn raw_status(srv: &Server, bytes: &[u8]) -> u16 {

@@ -7,16 +7,6 @@ use crate::harness::*;
 use serde_json::json;
 use std::time::Duration;
 
-/// Resident memory of a process, in kB (`VmRSS`).
-fn rss_kb(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS")
-}
-
 #[test]
 fn kv_pages_go_back_to_the_kernel_when_idle_and_read_as_zeros_again() {
     // No prefix cache: its entries are host memory of their own, and a repeat
