@@ -137,13 +137,14 @@ pub struct EngineConfig {
     /// A sequence paused this long without a break (its reader takes nothing)
     /// is cancelled.
     pub stall_timeout: Duration,
-    /// Seconds to save a sequence's state per run of consecutive cells, as
-    /// start-up calibration measured it; learned online from every save of an
-    /// interleaved sequence.
+    /// Seconds to save a sequence's state per run of consecutive cells
+    /// (unified) or per token (per sequence), as start-up calibration
+    /// measured it; learned online from saves.
     pub save_s_per_run: Option<f64>,
-    /// Per sequence: no cells are shared or parked (a sequence's cells sit in
-    /// its own stream, one run), and a step's decode tokens and prompt chunks
-    /// go in separate passes (`step`).
+    /// Per sequence: no cells are shared between sequences (each sequence's
+    /// cells sit in its own stream, one run; a parked sequence stays in its
+    /// stream), and a step's decode tokens and prompt chunks go in separate
+    /// passes (`step`).
     pub kv_layout: KvLayout,
 }
 
@@ -323,12 +324,12 @@ struct Engine {
     batch_kv_cells_reserved: usize,
     /// Finished sequences' KV states, in host memory, for reuse.
     prefix: PrefixCache,
-    /// The tokens of a finished sequence whose cells are parked on the spare
-    /// sequence id (`cfg.parallel`) until it can be saved without delaying a
-    /// stream; see `release_kv`.
+    /// The tokens of a finished sequence whose cells are parked (on
+    /// `parked_seq`) until it can be saved without delaying a stream; see
+    /// `release_kv`.
     parked: Option<Vec<Token>>,
-    /// What saving the parked sequence costs, in save units (`save_units`),
-    /// and whether exactly.
+    /// What saving the parked sequence costs, in runs of cells (unified) or
+    /// tokens (per sequence), and whether exactly.
     parked_runs: (usize, bool),
     /// The sequence id the parked cells are on. Unified: the spare one,
     /// `cfg.parallel` (copied there by metadata). Per sequence: their own
@@ -341,8 +342,9 @@ struct Engine {
     /// Cells were written since the KV pages last went back to the kernel
     /// (start-up calibration wrote some).
     kv_written: bool,
-    /// Seconds per run of consecutive cells of saving a sequence's KV state
-    /// (running mean; seeded by calibration).
+    /// Seconds per run of consecutive cells (unified) or per token (per
+    /// sequence) of saving a sequence's KV state (running mean; seeded by
+    /// calibration).
     save_s_per_run: Option<f64>,
     admitted: u64,
     cfg: EngineConfig,
@@ -1258,7 +1260,7 @@ impl Engine {
         self.clear_spare(ctx);
     }
 
-    /// Frees the spare sequence's cells and takes them out of the index.
+    /// Frees the parked sequence's cells and takes them out of the index.
     fn clear_spare(&mut self, ctx: &mut Context) {
         ctx.clear_sequence(self.spare_seq());
         self.prefix.index().clear_running(self.parked_seq as usize);
@@ -1282,16 +1284,18 @@ impl Engine {
             .enumerate()
             .any(|(s, q)| s != slot && q.as_ref().is_some_and(Seq::is_decoding));
         // Saving copies the sequence's cells one run of consecutive cells at a
-        // time (for the transposed V cache, one row of one run), and beside
-        // other streams its cells are interleaved with theirs: 196 ms for a
-        // 6,258-token prompt on the 2-core development box, a stall every
-        // stream sees. A save expected to stall them longer than
+        // time (for the transposed V cache, one row of one run): per sequence
+        // by the cell (~180 ms for a 6,258-token prompt on the 2-core
+        // development box), and in a unified cache more, its cells
+        // interleaved with other streams' (196 ms for the same prompt): a
+        // stall every stream sees. A save expected to stall them longer than
         // SAVE_STALL_SHARE_MAX of the ITL target is put off: the cells are
-        // parked on the spare sequence (a metadata copy) and saved when no
-        // stream waits; meanwhile a new request can share them in place.
-        // Shorter saves happen at once: parked cells lengthen every step's
-        // attention (at 4 clients, parking every finished request raised the
-        // time to first token from ~270 to ~340 ms).
+        // parked (per sequence where they are, unified on the spare sequence
+        // by a metadata copy) and saved when no stream waits; meanwhile a new
+        // request can reuse them in place. Shorter saves happen at once:
+        // unified, parked cells lengthen every step's attention (at 4
+        // clients, parking every finished request raised the time to first
+        // token from ~270 to ~340 ms).
         let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs.0 as f64);
         let too_long = stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64();
         if keep && self.prefix.is_enabled() && !tokens.is_empty() {
