@@ -173,10 +173,12 @@ fn serve(cfg: Config) -> Result<(), String> {
                 } else {
                     None
                 };
-                let n_ctx = match engine_cfg.kv_layout {
+                // What one request may use: the cells admission reserves in
+                // all (llama.cpp's are rounded up; `staggered_cells`).
+                let n_ctx = engine_cfg.n_ctx.min(match engine_cfg.kv_layout {
                     KvLayout::Unified => ctx.n_ctx(),
-                    KvLayout::PerSequence => engine_cfg.n_ctx.min(ctx.n_ctx_seq()),
-                };
+                    KvLayout::PerSequence => ctx.n_ctx_seq(),
+                });
                 let _ = ready_tx.send(Ok((n_ctx, calibration, ctx.abort_handle())));
                 let engine_cfg = EngineConfig {
                     save_s_per_run: calibration.and_then(|c| c.save_s_per_run),

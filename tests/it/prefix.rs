@@ -217,6 +217,15 @@ fn one_request_can_use_the_whole_context_beside_cached_prefixes() {
     // The entries hold no KV cells: nothing had to give way.
     assert_eq!(srv.metric("sluice_prefix_cache_tokens_evicted_total"), 0.0);
     assert_eq!(srv.metric("sluice_requests_failed_total"), 0.0);
+
+    // One token more than --ctx is refused at once (llama.cpp's streams are
+    // a little longer than --ctx; admission's bound is --ctx), in either
+    // layout.
+    let over = json!({"prompt": prompt, "max_tokens": 1025 - n_prompt, "temperature": 0});
+    assert_eq!(srv.post("/v1/completions", &over).status, 400);
+    drop(srv);
+    let srv = Server::start(&["--ctx", "1024", "--parallel", "2", "--kv-layout", "unified"]);
+    assert_eq!(srv.post("/v1/completions", &over).status, 400);
 }
 
 #[test]
