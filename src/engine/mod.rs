@@ -654,7 +654,7 @@ impl Engine {
             _ => 0,
         };
         if source == Some(Source::Parked) && self.cfg.kv_layout == KvLayout::Unified {
-            ctx.share_cells(self.spare_seq(), seq_id, 0, reuse as i32);
+            ctx.share_cells(self.parked_seq, seq_id, 0, reuse as i32);
         }
         if self.kv_cells_reserved + cells.max(restoring) + self.parked_cells() > self.cfg.n_ctx {
             self.drop_parked(ctx);
@@ -1196,11 +1196,6 @@ impl Engine {
     /// Frees the slot's KV cells, or, with `keep` (its cells hold what its
     /// tokens say: it completed or was cancelled, not failed), moves them into
     /// a prefix cache entry. Either way its reservation ends.
-    /// The sequence id parked cells live on.
-    fn spare_seq(&self) -> i32 {
-        self.parked_seq
-    }
-
     /// The slot whose stream holds parked cells (per sequence only).
     fn parked_slot(&self) -> Option<usize> {
         let per_seq = self.cfg.kv_layout == KvLayout::PerSequence;
@@ -1242,7 +1237,7 @@ impl Engine {
     /// Frees the parked cells without saving them.
     fn drop_parked(&mut self, ctx: &mut Context) {
         if let Some(tokens) = self.parked.take() {
-            self.clear_spare(ctx);
+            self.clear_parked(ctx);
             self.metrics
                 .prefix_tokens_evicted
                 .fetch_add(tokens.len() as u64, Ordering::Relaxed);
@@ -1256,13 +1251,13 @@ impl Engine {
             return;
         }
         let tokens = self.parked.take().expect("parked");
-        self.save_into_cache(ctx, self.spare_seq(), tokens, self.parked_runs);
-        self.clear_spare(ctx);
+        self.save_into_cache(ctx, self.parked_seq, tokens, self.parked_runs);
+        self.clear_parked(ctx);
     }
 
     /// Frees the parked sequence's cells and takes them out of the index.
-    fn clear_spare(&mut self, ctx: &mut Context) {
-        ctx.clear_sequence(self.spare_seq());
+    fn clear_parked(&mut self, ctx: &mut Context) {
+        ctx.clear_sequence(self.parked_seq);
         self.prefix.index().clear_running(self.parked_seq as usize);
     }
 
