@@ -151,8 +151,9 @@ pub struct ServeArgs {
     /// first; 0 turns it off) (default: 96)
     #[argh(option, default = "crate::engine::prefix::PREFIX_CACHE_MB_DEFAULT")]
     pub prefix_cache_mb: usize,
-    /// KV cache type: measure (with flash attention, time q8_0 beside f16 at
-    /// start-up), f16, or q8_0 (half the memory; needs flash attention)
+    /// KV cache type: measure (time the types that fit the flash attention
+    /// setting at start-up), f16, q8_0/f16 (K in q8_0, V in f16: 3/4 of the
+    /// memory), or q8_0 (half the memory; needs flash attention)
     /// (default: measure)
     #[argh(
         option,
@@ -328,7 +329,7 @@ pub struct CalibrateArgs {
     /// ggml worker polling level, 0 to 100 (default: 50)
     #[argh(option, default = "50")]
     pub poll: u32,
-    /// KV cache type: f16 or q8_0 (default: f16)
+    /// KV cache type: f16, q8_0/f16 (K/V) or q8_0 (default: f16)
     #[argh(option, default = "KvType::F16", from_str_fn(parse_kv_type))]
     pub kv_type: KvType,
     /// flash attention: off, on or auto (default: off)
@@ -411,10 +412,6 @@ impl Config {
             // Nothing to measure: a quantized V cache exists only with it.
             (k, FlashAttnSetting::Measure) if k == q8 => {
                 (k, FlashAttnSetting::Fixed(FlashAttn::On))
-            }
-            // Without flash attention, f16 is the only choice.
-            (KvTypeSetting::Measure, f @ FlashAttnSetting::Fixed(FlashAttn::Off)) => {
-                (KvTypeSetting::Fixed(KvType::F16), f)
             }
             (k, f) => (k, f),
         };
@@ -731,11 +728,8 @@ pub fn args_with_env(
 }
 
 fn parse_kv_type(v: &str) -> Result<KvType, String> {
-    match v {
-        "f16" => Ok(KvType::F16),
-        "q8_0" => Ok(KvType::Q8_0),
-        _ => Err(format!("--kv-type is '{v}'; it must be f16 or q8_0")),
-    }
+    KvType::from_name(v)
+        .ok_or_else(|| format!("--kv-type is '{v}'; it must be f16, q8_0/f16 or q8_0"))
 }
 
 fn parse_kv_layout(v: &str) -> Result<KvLayout, String> {
@@ -761,7 +755,7 @@ fn parse_kv_type_setting(v: &str) -> Result<KvTypeSetting, String> {
         "measure" => Ok(KvTypeSetting::Measure),
         _ => parse_kv_type(v)
             .map(KvTypeSetting::Fixed)
-            .map_err(|_| format!("--kv-type is '{v}'; it must be measure, f16 or q8_0")),
+            .map_err(|_| format!("--kv-type is '{v}'; it must be measure, f16, q8_0/f16 or q8_0")),
     }
 }
 
@@ -921,7 +915,13 @@ mod tests {
         assert_eq!(cfg(&[]).unwrap().kv_type, KvTypeSetting::Measure);
         assert_eq!(
             cfg(&["--flash-attn", "off"]).unwrap().kv_type,
-            KvTypeSetting::Fixed(KvType::F16)
+            KvTypeSetting::Measure
+        );
+        assert_eq!(
+            cfg(&["--kv-type", "q8_0/f16", "--flash-attn", "off"])
+                .unwrap()
+                .kv_type,
+            KvTypeSetting::Fixed(KvType::Q8_0KeysF16Values)
         );
         assert_eq!(
             cfg(&["--flash-attn", "on"]).unwrap().kv_type,

@@ -69,9 +69,11 @@ fn flash_attention_is_measured_at_start_up_unless_it_is_set() {
         .lines()
         .find(|l| l.starts_with("sluice: attention: "))
         .unwrap_or_else(|| panic!("no attention line in the log:\n{log}"));
-    // Flash attention off, on, and on with a q8_0 cache: three timed.
+    // Flash attention off with q8_0 keys and with f16, on with f16 and with
+    // q8_0: four timed.
     assert!(
         line.contains("measured in")
+            && line.contains("off/q8_0/f16 ")
             && line.contains("off/f16 ")
             && line.contains("on/f16 ")
             && line.contains("on/q8_0 "),
@@ -84,10 +86,15 @@ fn flash_attention_is_measured_at_start_up_unless_it_is_set() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     drop(srv);
 
-    let srv = Server::start(&["--flash-attn", "off"]);
+    let srv = Server::start(&["--flash-attn", "off", "--kv-type", "q8_0/f16"]);
     assert!(
         !srv.log().contains("sluice: attention: "),
         "set by the operator: nothing to measure\n{}",
         srv.log()
     );
+    let r = srv.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
 }
