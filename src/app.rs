@@ -4,14 +4,14 @@ use crate::admission::{Admission, Rates};
 use crate::config::{Cli, Command, Config, FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
-use crate::engine::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
 use crate::engine::prefix::PrefixCache;
 use crate::engine::{self, EngineConfig};
+use crate::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
+use crate::http::prompt::{Prompter, Template};
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::priority::Class;
-use crate::prompt::{Prompter, Template};
 use crate::ratelimit::RateLimiter;
 use argh::FromArgs;
 use crossbeam_channel::bounded;
@@ -182,6 +182,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         .map_err(|_| "the engine thread died while starting".to_string())??;
 
     let (rates, cost) = match (cfg.rates, calibration) {
+        (Some(r), _) if cfg.rates_fixed => (r, CostModel::from_rates(r, cfg.parallel).frozen()),
         (Some(r), _) => (r, CostModel::from_rates(r, cfg.parallel)),
         (None, Some(c)) => {
             eprintln!(
@@ -217,7 +218,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     );
     let (_, [bounds, batch_bounds]) = gauge.snapshot();
     eprintln!(
-        "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens until completed requests say otherwise), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {}{} (mu_prefill {:.0} tok/s x W_max); refined online from every step and every completed request",
+        "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens until completed requests say otherwise), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {}{} (mu_prefill {:.0} tok/s x W_max); {}",
         bounds.mu_req,
         cfg.typical.prompt_tokens,
         cfg.typical.max_tokens,
@@ -226,7 +227,12 @@ fn serve(cfg: Config) -> Result<(), String> {
         if cfg.queue_depth.is_some() { " (set by --queue-depth)" } else { "" },
         bounds.queued_tokens_max,
         if cfg.queued_tokens_max.is_some() { " (set by --queued-tokens-max)" } else { "" },
-        rates.prefill_tok_s
+        rates.prefill_tok_s,
+        if cfg.rates_fixed {
+            "the rates fixed by --mu-fixed, the mix refined from every completed request"
+        } else {
+            "refined online from every step and every completed request"
+        }
     );
     eprintln!(
         "sluice: priority: batch requests (X-Priority: batch) wait in their own queue: W_max = {} ms, L_max = {}, queued prompt tokens <= {}; they may hold {} of {} slots ({} kept for interactive) and {} KV cells; at least 1 start in {} goes to batch while both wait",
@@ -570,7 +576,7 @@ fn start_up_calibration(
 mod tests {
     use super::{attention_candidates, staggered_cells};
     use crate::config::{FlashAttnSetting, KvTypeSetting};
-    use crate::engine::ffi::{FlashAttn, KvType};
+    use crate::ffi::{FlashAttn, KvType};
 
     #[test]
     fn attention_candidates_are_the_pairings_the_flags_leave_open() {

@@ -4,7 +4,7 @@
 
 use crate::config::{compute_cpus, CalibrateArgs};
 use crate::engine::calibration::{time_decode, WARMUP_STEPS};
-use crate::engine::ffi::{self, Context, ContextParams};
+use crate::ffi::{self, Context, ContextParams};
 use std::sync::Arc;
 
 /// Batch sizes (concurrent sequences) timed.

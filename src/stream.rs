@@ -12,7 +12,7 @@
 //! still in the queue), and a `llama_decode` whose every sequence is cancelled is
 //! aborted mid-pass.
 
-use crate::engine::ffi::Token;
+use crate::ffi::Token;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

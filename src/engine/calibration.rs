@@ -2,7 +2,7 @@
 //! second, and decode tokens per second at a batch size. Used at start-up (the
 //! admission bounds are derived from it) and by `sluice calibrate`.
 
-use super::ffi::{Batch, Context, KvLayout, Model, Token};
+use crate::ffi::{Batch, Context, KvLayout, Model, Token};
 use std::time::Instant;
 
 /// Decode steps run untimed first, so that caches and the threadpool are warm.

@@ -98,6 +98,8 @@ pub struct CostModel {
     /// ln of the measured-to-seed scales.
     ln_decode: f64,
     ln_prefill: f64,
+    /// No measured step moves the scales (`frozen`).
+    frozen: bool,
 }
 
 impl CostModel {
@@ -148,6 +150,16 @@ impl CostModel {
             c,
             ln_decode: 0.0,
             ln_prefill: 0.0,
+            frozen: false,
+        }
+    }
+
+    /// The same model, whose scales no measured step moves (`--mu-fixed`): its
+    /// rates, budgets and forecasts stay those it was made with.
+    pub fn frozen(self) -> CostModel {
+        CostModel {
+            frozen: true,
+            ..self
         }
     }
 
@@ -175,7 +187,11 @@ impl CostModel {
         {
             return Vec::new();
         }
-        let alpha = 1.0 - (-seconds / TAU_S).exp();
+        let alpha = if self.frozen {
+            0.0
+        } else {
+            1.0 - (-seconds / TAU_S).exp()
+        };
         if chunks.is_empty() {
             let ln = (seconds / (self.a + self.b * n_decode as f64)).ln();
             self.ln_decode += alpha * step_towards(self.ln_decode, ln);
@@ -513,5 +529,22 @@ mod tests {
         // 100 tokens in chunks of 26 beside 2 decoders: 4 steps of 15 ms + 400 ms.
         assert!(close(m.prefill_time_s(100, 2, 26), 0.460, 1e-9));
         assert!(close(m.prefill_time_s(100, 0, 512), 0.400, 1e-9));
+    }
+
+    #[test]
+    fn a_frozen_model_keeps_its_rates_whatever_the_steps_measure() {
+        let rates = Rates {
+            prefill_tok_s: 200.0,
+            decode_tok_s: 150.0,
+        };
+        let mut m = CostModel::from_rates(rates, 4).frozen();
+        let before = m.rates();
+        assert!((before.decode_tok_s - 150.0).abs() < 1e-9);
+        for _ in 0..100 {
+            m.observe(4, &[], 1.0);
+            let own = m.observe(0, &fresh(64), 0.01);
+            assert_eq!(own.len(), 1, "a chunk's own cost is still measured");
+        }
+        assert_eq!(m.rates(), before);
     }
 }

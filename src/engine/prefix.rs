@@ -27,7 +27,7 @@
 //! [`PrefixIndex`] is the copy the HTTP handlers read, to charge a request only
 //! for the prompt tokens that will really be prefilled.
 
-use super::ffi::Token;
+use crate::ffi::Token;
 use std::sync::{Arc, Mutex};
 
 /// Host memory the entries may take by default, in MiB: ~4,300 tokens of the

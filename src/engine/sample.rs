@@ -15,7 +15,7 @@
 //! `min_p` times the most likely one's, as llama.cpp's chain does (it applies
 //! min-p before temperature): `l >= max + ln(min_p)`.
 
-use super::ffi::{self, Context, SamplingParams, Token};
+use crate::ffi::{self, Context, SamplingParams, Token};
 
 /// A sequence's sampler.
 pub enum Sampler {

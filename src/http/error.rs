@@ -4,18 +4,10 @@
 //! `code` is a stable string that also serves as a metrics label; messages name
 //! the limit and the value given.
 
+use crate::admission::{QueueBound, Refused};
 use crate::priority::Class;
 use crate::stream::ShedReason;
 use serde_json::json;
-
-/// Which admission bound a refused request would have broken.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum QueueBound {
-    /// The number of waiting requests.
-    Requests,
-    /// The prompt tokens waiting.
-    Tokens,
-}
 
 /// What a client refused during a drain is told to wait: a restart, or a load
 /// balancer's next health check, is seconds away.
@@ -106,6 +98,35 @@ pub enum ApiError {
     Draining,
     /// The drain's deadline passed before this request finished; it was cancelled.
     ShuttingDown,
+}
+
+impl From<Refused> for ApiError {
+    fn from(r: Refused) -> ApiError {
+        match r {
+            Refused::QueueFull {
+                bound,
+                class,
+                queued,
+                queue_depth_max,
+                queued_tokens,
+                queued_tokens_max,
+                prompt_tokens,
+                retry_after_s,
+            } => ApiError::QueueFull {
+                bound,
+                class,
+                queued,
+                queue_depth_max,
+                queued_tokens,
+                queued_tokens_max,
+                prompt_tokens,
+                retry_after_s,
+            },
+            Refused::EngineStopped => ApiError::Engine {
+                message: "the engine is not taking requests".into(),
+            },
+        }
+    }
 }
 
 impl ApiError {

@@ -7,8 +7,8 @@
 //! does not recognise, sluice falls back to ChatML (`<|im_start|>role\n...<|im_end|>`),
 //! which is what SmolLM2, Qwen and many fine-tunes use, and says so at start-up.
 
-use crate::engine::ffi::{Model, Token};
-use crate::http::validation::{Input, Message};
+use super::validation::{Input, Message};
+use crate::ffi::{Model, Token};
 use std::sync::Arc;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

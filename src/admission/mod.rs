@@ -24,140 +24,91 @@
 //! own queue and is refused there, while interactive requests are still
 //! admitted. Which queue the engine serves first is `priority::Picker`'s rule.
 
-use crate::engine::Job;
-use crate::http::error::{ApiError, QueueBound};
+mod bounds;
+
+pub use bounds::*;
+
+use crate::ffi::{SamplingParams, Token};
 use crate::metrics::Metrics;
 use crate::priority::Class;
+use crate::stream::{CancelFlag, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::Instant;
 
-/// The design's ceiling on a derived queue: deeper queues only turn refusals
-/// into waits past any useful budget on a CPU box.
-pub const QUEUE_DEPTH_SAFE_MAX: usize = 9;
-/// Shortest wait a refused client is told to observe.
-const RETRY_AFTER_S_MIN: u64 = 1;
-
-/// Service rates of this machine (measured at start-up, or given with `--mu-*`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Rates {
-    pub prefill_tok_s: f64,
-    /// Aggregate decode rate with `--parallel` sequences running.
-    pub decode_tok_s: f64,
-}
-
-/// The admission bounds derived from the rates and the budget.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Bounds {
-    /// Requests per second this box serves for the typical request.
-    pub mu_req: f64,
-    /// Most requests waiting for a slot.
-    pub queue_depth_max: usize,
-    /// Most prompt tokens waiting for a slot.
-    pub queued_tokens_max: usize,
-}
-
-/// What the typical request costs: prompt tokens prefilled and tokens
-/// generated. Seeded by `--typical-prompt-tokens` and `--typical-max-tokens`,
-/// then learned from the requests that complete ([`Mix`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Typical {
-    pub prompt_tokens: usize,
+/// What a request asks the engine to generate.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    /// Most tokens to generate (0 only with `echo_logprobs`: score the prompt).
     pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// Keep generating past end-of-generation tokens (until `max_tokens`).
+    pub ignore_eos: bool,
+    /// Alternatives per position to report; `None` reports no log-probabilities.
+    pub top_logprobs: Option<usize>,
+    /// Also report the log-probabilities of the prompt tokens.
+    pub echo_logprobs: bool,
 }
 
-/// Weight of one completed request in the learned mix: about the last 1/w
-/// requests count.
-const MIX_WEIGHT: f64 = 1.0 / 16.0;
-
-/// The request mix as it arrives: running means of the prompt tokens each
-/// completed request had prefilled (what the prefix cache did not hold) and of
-/// the tokens it generated, starting from the configured typical request.
-/// Pure.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Mix {
-    prompt_tokens: f64,
-    generated_tokens: f64,
+/// A validated, tokenized request: what the queue holds and the engine runs.
+pub struct Job {
+    pub id: u64,
+    pub class: Class,
+    pub prompt: Vec<Token>,
+    pub gen: GenParams,
+    pub enqueued_at: Instant,
+    /// The caller's deadline (`X-Request-Timeout`, capped by the server's
+    /// ceiling): past it, the job is dropped before it costs a single FLOP.
+    pub deadline: Option<Instant>,
+    pub events: Sender<Event>,
+    /// Set by the handler when it stops waiting for this job.
+    pub cancel: CancelFlag,
+    /// Prompt tokens the handler found in the prefix cache when it admitted
+    /// the job (`PrefixIndex::reusable`): admission counted only the rest.
+    pub cached_estimate: usize,
 }
 
-impl Mix {
-    pub fn new(seed: Typical) -> Mix {
-        Mix {
-            prompt_tokens: seed.prompt_tokens as f64,
-            generated_tokens: seed.max_tokens as f64,
-        }
+impl Job {
+    /// KV cells the job may occupy at most (cells it shares with another
+    /// running sequence included).
+    pub fn kv_cells(&self) -> usize {
+        self.prompt.len() + self.gen.max_tokens
     }
 
-    pub fn observe(&mut self, prompt_tokens: usize, generated_tokens: usize) {
-        self.prompt_tokens += MIX_WEIGHT * (prompt_tokens as f64 - self.prompt_tokens);
-        self.generated_tokens += MIX_WEIGHT * (generated_tokens as f64 - self.generated_tokens);
-    }
-
-    pub fn typical(&self) -> Typical {
-        Typical {
-            prompt_tokens: self.prompt_tokens.round() as usize,
-            // At least one token: a request that generates nothing still costs a step.
-            max_tokens: (self.generated_tokens.round() as usize).max(1),
-        }
-    }
-}
-
-/// Request service rate: the box is compute-bound, so one typical request costs
-/// its prefill time plus its share of decode time, and μ_req is the inverse.
-pub fn mu_req(rates: Rates, typical: Typical) -> f64 {
-    let seconds = typical.prompt_tokens as f64 / rates.prefill_tok_s
-        + typical.max_tokens as f64 / rates.decode_tok_s;
-    1.0 / seconds
-}
-
-/// How the bounds are derived from the rates: the budget, the typical request,
-/// and what the operator fixed by hand.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Policy {
-    pub typical: Typical,
-    /// W_max (`--queue-wait-ms`).
-    pub queue_wait: Duration,
-    /// `--queue-depth`: a fixed L_max instead of the derived one (already checked
-    /// against 9, or against the unsafe ceiling with `--queue-depth-unsafe`).
-    pub queue_depth: Option<usize>,
-    /// `--queued-tokens-max`: a fixed token budget instead of `μ_prefill · W_max`.
-    pub queued_tokens_max: Option<usize>,
-}
-
-impl Policy {
-    /// The highest L_max the gate may ever allow: the channel's capacity beyond
-    /// the slots, and the number of handlers that may wait on it.
-    pub fn queue_depth_ceiling(&self) -> usize {
-        self.queue_depth.unwrap_or(QUEUE_DEPTH_SAFE_MAX)
+    /// Prompt tokens admission counts for the job while it waits: the ones it
+    /// was expected to prefill.
+    pub fn queued_tokens(&self) -> usize {
+        self.prompt.len().saturating_sub(self.cached_estimate)
     }
 }
 
-/// `L_max = ceil(μ_req · W_max)` clamped to `1..=9`, unless the operator set a
-/// depth; and the queued-token budget `μ_prefill · W_max`, unless the operator
-/// set one.
-pub fn derive_bounds(rates: Rates, policy: &Policy) -> Bounds {
-    assert!(
-        rates.prefill_tok_s > 0.0 && rates.decode_tok_s > 0.0,
-        "rates must be positive"
-    );
-    let mu = mu_req(rates, policy.typical);
-    let w = policy.queue_wait.as_secs_f64();
-    let little = (mu * w).ceil().clamp(1.0, QUEUE_DEPTH_SAFE_MAX as f64) as usize;
-    let tokens = (rates.prefill_tok_s * w).floor().max(1.0) as usize;
-    Bounds {
-        mu_req: mu,
-        queue_depth_max: policy.queue_depth.unwrap_or(little),
-        queued_tokens_max: policy.queued_tokens_max.unwrap_or(tokens),
-    }
+/// Which admission bound a refused request would have broken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueBound {
+    /// The number of waiting requests.
+    Requests,
+    /// The prompt tokens waiting.
+    Tokens,
 }
 
-/// Seconds until the queued work ahead would be done: requests ÷ μ_req, or
-/// tokens ÷ μ_prefill, whichever is longer; at least one second, rounded up.
-pub fn retry_after_s(queued: usize, queued_tokens: usize, rates: Rates, bounds: Bounds) -> u64 {
-    let by_count = queued as f64 / bounds.mu_req;
-    let by_tokens = queued_tokens as f64 / rates.prefill_tok_s;
-    (by_count.max(by_tokens).ceil() as u64).max(RETRY_AFTER_S_MIN)
+/// Why `Admission::submit` said no (`http::error` gives each its status).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refused {
+    /// Admitting the request would break a queue bound.
+    QueueFull {
+        bound: QueueBound,
+        class: Class,
+        queued: usize,
+        queue_depth_max: usize,
+        queued_tokens: usize,
+        queued_tokens_max: usize,
+        prompt_tokens: usize,
+        retry_after_s: u64,
+    },
+    /// The engine has stopped taking jobs.
+    EngineStopped,
 }
 
 /// What is in the system now, per class (`Class::index`).
@@ -298,8 +249,9 @@ impl QueueGauge {
         Ok(())
     }
 
-    /// A request left its queue for a slot.
-    pub fn started(&self, class: Class, prompt_tokens: usize) {
+    /// A request left its queue for a slot: it holds the slot as long as it
+    /// holds the guard.
+    pub fn started(self: &Arc<Self>, class: Class, prompt_tokens: usize) -> Slot {
         let mut s = self.lock();
         let c = class.index();
         let l = &mut s.load;
@@ -311,10 +263,15 @@ impl QueueGauge {
         l.waiting[c] -= 1;
         l.waiting_tokens[c] -= prompt_tokens;
         self.publish(&s.load);
+        Slot {
+            gauge: Arc::clone(self),
+            class,
+        }
     }
 
-    /// A running request ended (completed, failed or cancelled) and freed its slot.
-    pub fn finished(&self, class: Class) {
+    /// A running request ended (completed, failed or cancelled) and freed its
+    /// slot: its `Slot` was dropped.
+    fn finished(&self, class: Class) {
         let mut s = self.lock();
         let l = &mut s.load;
         assert!(l.running[class.index()] > 0, "finish without start");
@@ -385,6 +342,20 @@ impl QueueGauge {
     }
 }
 
+/// A running request's hold on its slot (`QueueGauge::started`): dropping it
+/// (the sequence completed, failed or was cancelled) frees the slot in the
+/// gate's count, so the count cannot miss an end.
+pub struct Slot {
+    gauge: Arc<QueueGauge>,
+    class: Class,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.gauge.finished(self.class);
+    }
+}
+
 /// Why the gate said no, and what it saw.
 #[derive(Debug, Clone, Copy)]
 struct Refusal {
@@ -432,7 +403,7 @@ impl Admission {
         (admission, [rx_i, rx_b], gauge)
     }
 
-    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
         // Prompt tokens found in the prefix cache are not prefilled: they do
         // not count against the queued-token budget.
         let tokens = job.queued_tokens();
@@ -452,7 +423,7 @@ impl Admission {
             counter.fetch_add(1, Ordering::Relaxed);
             by_class.fetch_add(1, Ordering::Relaxed);
             let wait = retry_after_s(r.waiting, r.waiting_tokens, r.rates, r.bounds);
-            return Err(ApiError::QueueFull {
+            return Err(Refused::QueueFull {
                 bound: r.bound,
                 class,
                 queued: r.waiting,
@@ -473,9 +444,7 @@ impl Admission {
             // engine gets here.
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.gauge.dropped(class, tokens);
-                Err(ApiError::Engine {
-                    message: "the engine is not taking requests".into(),
-                })
+                Err(Refused::EngineStopped)
             }
         }
     }
@@ -484,6 +453,7 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     const RATES: Rates = Rates {
         prefill_tok_s: 200.0,
@@ -503,67 +473,12 @@ mod tests {
         }
     }
 
-    #[test]
-    fn mu_req_is_the_inverse_of_a_typical_request_time() {
-        // 100 / 200 + 150 / 150 = 1.5 s per request.
-        assert!((mu_req(RATES, TYPICAL) - 1.0 / 1.5).abs() < 1e-9);
-    }
-
-    #[test]
-    fn queue_depth_follows_littles_law_and_is_clamped() {
-        let b = derive_bounds(RATES, &policy(5000, None));
-        assert_eq!(b.queue_depth_max, 4, "ceil(0.667 * 5) = 4");
-        assert_eq!(b.queued_tokens_max, 1000, "200 tok/s * 5 s");
-        let b = derive_bounds(RATES, &policy(100, None));
-        assert_eq!(b.queue_depth_max, 1, "never below one");
-        let fast = Rates {
-            prefill_tok_s: 5000.0,
-            decode_tok_s: 3000.0,
-        };
-        let b = derive_bounds(fast, &policy(5000, None));
-        assert_eq!(
-            b.queue_depth_max, 9,
-            "ceil(14.29 * 5) clamped to the safe ceiling"
-        );
-        let b = derive_bounds(RATES, &policy(5000, Some(3)));
-        assert_eq!(b.queue_depth_max, 3, "the operator's depth wins");
-        let b = derive_bounds(fast, &policy(5000, Some(50)));
-        assert_eq!(
-            b.queue_depth_max, 50,
-            "config checked it against the unsafe ceiling"
-        );
-        let p = Policy {
-            queued_tokens_max: Some(123),
-            ..policy(5000, None)
-        };
-        assert_eq!(derive_bounds(RATES, &p).queued_tokens_max, 123);
-    }
-
-    #[test]
-    fn the_channel_is_sized_for_the_highest_bound_the_gate_may_allow() {
-        assert_eq!(policy(5000, None).queue_depth_ceiling(), 9);
-        assert_eq!(policy(5000, Some(3)).queue_depth_ceiling(), 3);
-        assert_eq!(policy(5000, Some(1000)).queue_depth_ceiling(), 1000);
-    }
-
-    #[test]
-    fn retry_after_covers_the_longer_of_count_and_token_work() {
-        let b = derive_bounds(RATES, &policy(5000, None));
-        assert_eq!(retry_after_s(0, 0, RATES, b), 1, "at least one second");
-        assert_eq!(retry_after_s(4, 0, RATES, b), 6, "4 requests at 0.667/s");
-        assert_eq!(
-            retry_after_s(1, 1000, RATES, b),
-            5,
-            "1000 tokens at 200 tok/s"
-        );
-    }
-
-    fn gauge(slots: usize, depth: usize, tokens: usize) -> QueueGauge {
+    fn gauge(slots: usize, depth: usize, tokens: usize) -> Arc<QueueGauge> {
         let p = Policy {
             queued_tokens_max: Some(tokens),
             ..policy(5000, Some(depth))
         };
-        QueueGauge::new(slots, slots, RATES, [p, p])
+        Arc::new(QueueGauge::new(slots, slots, RATES, [p, p]))
     }
 
     const I: Class = Class::Interactive;
@@ -580,10 +495,10 @@ mod tests {
             QueueBound::Requests,
             "2 slots + 3 queued"
         );
-        g.started(I, 10);
-        g.started(I, 10);
+        let first = g.started(I, 10);
+        let _second = g.started(I, 10);
         assert_eq!(g.queued_requests(I), 3);
-        g.finished(I);
+        drop(first);
         assert!(
             g.reserve(I, 10).is_ok(),
             "a finished request frees its place"
@@ -597,7 +512,7 @@ mod tests {
             g.reserve(I, 5000).is_ok(),
             "a free slot takes any prompt that fits the context"
         );
-        g.started(I, 5000);
+        let _running = g.started(I, 5000);
         assert!(g.reserve(I, 600).is_ok());
         assert_eq!(
             g.reserve(I, 500).unwrap_err().bound,
@@ -618,11 +533,11 @@ mod tests {
     fn a_prompt_over_the_whole_budget_waits_only_in_an_empty_queue() {
         let g = gauge(1, 3, 1000);
         assert!(g.reserve(I, 10).is_ok());
-        g.started(I, 10);
+        let first = g.started(I, 10);
         assert!(g.reserve(I, 6000).is_ok(), "nothing waits: it may");
         assert_eq!(g.reserve(I, 10).unwrap_err().bound, QueueBound::Tokens);
-        g.finished(I); // the first request ends
-        g.started(I, 6000); // the long one gets the slot
+        drop(first); // the first request ends
+        let _long = g.started(I, 6000); // the long one gets the slot
         assert!(g.reserve(I, 6000).is_ok(), "the queue is empty again");
     }
 
@@ -690,32 +605,16 @@ mod tests {
     }
 
     #[test]
-    fn one_request_moves_the_mix_by_a_sixteenth() {
-        let mut m = Mix::new(Typical {
-            prompt_tokens: 160,
-            max_tokens: 160,
-        });
-        m.observe(0, 0);
-        assert_eq!(
-            m.typical(),
-            Typical {
-                prompt_tokens: 150,
-                max_tokens: 150
-            }
-        );
-    }
-
-    #[test]
     fn each_class_has_its_own_queue_and_batch_leaves_the_reserved_slots_free() {
         // 3 slots, batch may hold 2 of them; L_max 2 for each class.
         let p = policy(5000, Some(2));
-        let g = QueueGauge::new(3, 2, RATES, [p, p]);
+        let g = Arc::new(QueueGauge::new(3, 2, RATES, [p, p]));
         for _ in 0..4 {
             assert!(g.reserve(B, 10).is_ok(), "2 batch slots + 2 waiting");
         }
         assert_eq!(g.reserve(B, 10).unwrap_err().bound, QueueBound::Requests);
-        g.started(B, 10);
-        g.started(B, 10);
+        let _b1 = g.started(B, 10);
+        let _b2 = g.started(B, 10);
         assert_eq!(
             g.reserve(B, 10).unwrap_err().bound,
             QueueBound::Requests,
@@ -735,7 +634,7 @@ mod tests {
     #[test]
     fn interactive_requests_waiting_take_the_free_slots_before_batch() {
         let p = policy(5000, Some(1));
-        let g = QueueGauge::new(2, 2, RATES, [p, p]);
+        let g = Arc::new(QueueGauge::new(2, 2, RATES, [p, p]));
         assert!(g.reserve(I, 10).is_ok());
         assert!(g.reserve(I, 10).is_ok());
         assert!(
@@ -748,10 +647,8 @@ mod tests {
             "L_max 1 for batch"
         );
         g.dropped(B, 10);
-        g.started(I, 10);
-        g.finished(I);
-        g.started(I, 10);
-        g.finished(I);
+        drop(g.started(I, 10));
+        drop(g.started(I, 10));
         assert!(g.reserve(B, 10).is_ok());
         assert!(g.reserve(B, 10).is_ok());
         assert!(g.reserve(B, 10).is_ok(), "2 free slots + 1 waiting");

@@ -1,0 +1,152 @@
+//! A sequence's KV cells when it ends: saved into the prefix cache, or
+//! parked in place until saving stalls no stream, then freed.
+
+use super::*;
+
+/// Longest stall a save may cause beside running streams, as a share of the
+/// ITL target; a longer one is put off (the cells parked).
+const SAVE_STALL_SHARE_MAX: f64 = 0.5;
+/// Weight of the newest measurement in the save cost's running mean.
+const SAVE_COST_WEIGHT: f64 = 0.5;
+/// Saves of sequences in fewer runs than this do not teach the cost of a run:
+/// their cost is mostly the bytes, not the runs.
+const SAVE_RUNS_LEARN_MIN: usize = 16;
+impl Engine {
+    /// Frees the slot's KV cells, or, with `keep` (its cells hold what its
+    /// tokens say: it completed or was cancelled, not failed), moves them into
+    /// a prefix cache entry. Either way its reservation ends.
+    /// The slot whose stream holds parked cells (per sequence only).
+    pub(super) fn parked_slot(&self) -> Option<usize> {
+        let per_seq = self.cfg.kv_layout == KvLayout::PerSequence;
+        (per_seq && self.parked.is_some()).then_some(self.parked_seq as usize)
+    }
+
+    /// Cells the parked sequence holds (some may be shared with running ones).
+    pub(super) fn parked_cells(&self) -> usize {
+        self.parked.as_ref().map_or(0, Vec::len)
+    }
+
+    /// Saves sequence `seq`'s KV state (its cells hold `tokens`, in at most
+    /// `runs` runs) as a prefix cache entry, after making room for it; a
+    /// sequence in many runs teaches what a run costs to save.
+    pub(super) fn save_into_cache(
+        &mut self,
+        ctx: &mut Context,
+        seq: i32,
+        tokens: Vec<Token>,
+        (runs, exact): (usize, bool),
+    ) {
+        let room = self.prefix.make_room(&tokens, ctx.sequence_state_size(seq));
+        let started = Instant::now();
+        let state = ctx.save_sequence(seq);
+        if exact && runs >= SAVE_RUNS_LEARN_MIN {
+            let s = started.elapsed().as_secs_f64() / runs as f64;
+            self.save_s_per_run = Some(
+                self.save_s_per_run
+                    .map_or(s, |old| old + SAVE_COST_WEIGHT * (s - old)),
+            );
+        }
+        let kept = self.prefix.insert(tokens, state);
+        self.metrics.prefix_tokens_evicted.fetch_add(
+            (room.evicted_tokens + kept.evicted_tokens) as u64,
+            Ordering::Relaxed,
+        );
+    }
+
+    /// Frees the parked cells without saving them.
+    pub(super) fn drop_parked(&mut self, ctx: &mut Context) {
+        if let Some(tokens) = self.parked.take() {
+            self.clear_parked(ctx);
+            self.metrics
+                .prefix_tokens_evicted
+                .fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// Saves the parked sequence into the prefix cache once no stream is
+    /// waiting for a token (the copy then delays only prompts).
+    pub(super) fn save_parked_when_quiet(&mut self, ctx: &mut Context) {
+        if self.parked.is_none() || self.slots.iter().flatten().any(Seq::is_decoding) {
+            return;
+        }
+        let tokens = self.parked.take().expect("parked");
+        self.save_into_cache(ctx, self.parked_seq, tokens, self.parked_runs);
+        self.clear_parked(ctx);
+    }
+
+    /// Frees the parked sequence's cells and takes them out of the index.
+    pub(super) fn clear_parked(&mut self, ctx: &mut Context) {
+        ctx.clear_sequence(self.parked_seq);
+        self.prefix.index().clear_running(self.parked_seq as usize);
+    }
+
+    pub(super) fn release_kv(&mut self, ctx: &mut Context, slot: usize, keep: bool) {
+        let seq = self.slots[slot].as_mut().expect("slot is active");
+        let tokens = std::mem::take(&mut seq.kv_tokens);
+        debug_assert_eq!(tokens.len(), seq.n_past, "kv_tokens follow n_past");
+        // What a save costs: one run of cells at a time (unified), or in
+        // proportion to its cells (per sequence: one run in its own stream).
+        let runs = match self.cfg.kv_layout {
+            KvLayout::Unified => (seq.runs, seq.runs_exact),
+            KvLayout::PerSequence => (tokens.len(), true),
+        };
+        let seq_id = slot as i32;
+        self.prefix.index().clear_running(slot);
+        let others_decoding = self
+            .slots
+            .iter()
+            .enumerate()
+            .any(|(s, q)| s != slot && q.as_ref().is_some_and(Seq::is_decoding));
+        // Saving copies the sequence's cells one run of consecutive cells at a
+        // time (for the transposed V cache, one row of one run): per sequence
+        // by the cell (~180 ms for a 6,258-token prompt on the 2-core
+        // development box), and in a unified cache more, its cells
+        // interleaved with other streams' (196 ms for the same prompt): a
+        // stall every stream sees. A save expected to stall them longer than
+        // SAVE_STALL_SHARE_MAX of the ITL target is put off: the cells are
+        // parked (per sequence where they are, unified on the spare sequence
+        // by a metadata copy) and saved when no stream waits; meanwhile a new
+        // request can reuse them in place. Shorter saves happen at once:
+        // unified, parked cells lengthen every step's attention (at 4
+        // clients, parking every finished request raised the time to first
+        // token from ~270 to ~340 ms).
+        let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs.0 as f64);
+        let too_long = stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64();
+        if keep && self.prefix.is_enabled() && !tokens.is_empty() {
+            if others_decoding && too_long {
+                self.drop_parked(ctx);
+                self.parked_seq = match self.cfg.kv_layout {
+                    KvLayout::Unified => {
+                        let spare = self.cfg.parallel as i32;
+                        ctx.share_cells(seq_id, spare, 0, tokens.len() as i32);
+                        spare
+                    }
+                    // The cells stay where they are, in the slot's own stream.
+                    KvLayout::PerSequence => seq_id,
+                };
+                self.prefix
+                    .index()
+                    .set_running(self.parked_seq as usize, tokens.clone().into());
+                self.parked = Some(tokens);
+                self.parked_runs = runs;
+            } else {
+                self.save_into_cache(ctx, seq_id, tokens, runs);
+            }
+        }
+        if self.parked_slot() != Some(slot) {
+            ctx.clear_sequence(seq_id);
+        }
+        debug_assert!(
+            self.parked_slot() == Some(slot) || ctx.sequence_pos_max(seq_id) == -1,
+            "KV cells of slot {slot} not freed"
+        );
+        let seq = self.slots[slot].as_mut().expect("slot is active");
+        seq.n_past = 0;
+        seq.next_token = None;
+        let cells = seq.job.kv_cells();
+        self.kv_cells_reserved -= cells;
+        if seq.job.class == Class::Batch {
+            self.batch_kv_cells_reserved -= cells;
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! The one llama context: KV cache, compute graph and the persistent pinned
+//! threadpool; the batch it decodes; llama.cpp's sampler chain.
+
+use super::model::{Model, Token};
+use llama_cpp_sys_2 as sys;
+use std::ffi::c_void;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+
+/// What a context is built with.
+#[derive(Debug, Clone)]
+pub struct ContextParams {
+    /// KV cells: shared by all sequences (unified), or `n_ctx / n_seq_max`
+    /// for each sequence's stream (per sequence).
+    pub n_ctx: u32,
+    pub kv_layout: KvLayout,
+    /// Most tokens in one `decode` call; llama.cpp aborts the process above it.
+    pub n_batch: u32,
+    pub n_seq_max: u32,
+    /// CPUs the compute threads are pinned to, one thread per entry; the calling
+    /// thread becomes worker 0 and is pinned to the first.
+    pub cpus: Vec<usize>,
+    /// ggml's hybrid polling level (0 = sleep at once after a pass, 100 = spin long).
+    pub poll: u32,
+    pub flash_attn: FlashAttn,
+    pub kv_type: KvType,
+}
+
+/// Flash attention (`--flash-attn`; by default measured at start-up, see
+/// `app::measure_flash_attn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FlashAttn {
+    /// llama.cpp decides (on where the CPU backend supports it).
+    Auto,
+    On,
+    Off,
+}
+
+/// How sequences' KV cells are laid out (`--kv-layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvLayout {
+    /// One stream of cells per sequence id: a sequence's attention spans
+    /// its own cells only. llama.cpp runs a batch's sequences in passes of
+    /// consecutive sequence ids.
+    PerSequence,
+    /// One pool of cells: sequences share cells by metadata, and every
+    /// sequence's attention spans the pool's highest used cell.
+    Unified,
+}
+
+/// The types KV cells are stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvType {
+    /// K and V in f16.
+    F16,
+    /// K in q8_0, V in f16 (`q8_0/f16`): without flash attention V is stored
+    /// transposed and must stay f16, but K may be quantized. About three
+    /// quarters of the f16 memory; attention reads K as q8_0 with the query
+    /// quantized to q8_0 too, which on the development VM made a small chunk
+    /// at depth 6,000 ~40 % cheaper.
+    Q8_0KeysF16Values,
+    /// K and V in q8_0: about half the memory; a quantized V cache needs flash
+    /// attention.
+    Q8_0,
+}
+
+impl KvType {
+    fn ggml_k(self) -> sys::ggml_type {
+        match self {
+            KvType::F16 => sys::GGML_TYPE_F16,
+            KvType::Q8_0KeysF16Values | KvType::Q8_0 => sys::GGML_TYPE_Q8_0,
+        }
+    }
+
+    fn ggml_v(self) -> sys::ggml_type {
+        match self {
+            KvType::F16 | KvType::Q8_0KeysF16Values => sys::GGML_TYPE_F16,
+            KvType::Q8_0 => sys::GGML_TYPE_Q8_0,
+        }
+    }
+
+    /// Whether it needs flash attention (a quantized V cache).
+    pub fn needs_flash_attn(self) -> bool {
+        self.ggml_v() != sys::GGML_TYPE_F16
+    }
+
+    /// The `--kv-type` spelling: K's type, then V's after a slash when they
+    /// differ.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::Q8_0KeysF16Values => "q8_0/f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    pub fn from_name(v: &str) -> Option<KvType> {
+        [KvType::F16, KvType::Q8_0KeysF16Values, KvType::Q8_0]
+            .into_iter()
+            .find(|k| k.name() == v)
+    }
+}
+
+/// The one llama context: KV cache, compute graph, and the persistent threadpool.
+pub struct Context {
+    ptr: NonNull<sys::llama_context>,
+    pool: NonNull<sys::ggml_threadpool>,
+    n_batch: usize,
+    n_vocab: usize,
+    /// What the abort callback reads (through a raw pointer), so it must live
+    /// as long as the context.
+    abort: Arc<AbortWatch>,
+    // Keeps the weights alive for as long as the context reads them. Declared last
+    // so it is dropped after the context (fields drop in order).
+    _model: Arc<Model>,
+}
+
+// SAFETY: llama contexts may move between threads; sluice keeps it on one.
+unsafe impl Send for Context {}
+
+/// What makes a running `decode` stop early: every sequence in its batch
+/// cancelled (their flags are non-zero), or shutdown (the drain's deadline
+/// passed). ggml asks between graph
+/// nodes, many times per pass, so the check is a few atomic loads.
+#[derive(Default)]
+pub struct AbortWatch {
+    shutdown: AtomicBool,
+    watched: std::sync::Mutex<Vec<Arc<AtomicU8>>>,
+}
+
+impl AbortWatch {
+    /// Stops the running pass and every later one: the server is shutting down.
+    pub fn shutdown(&self) {
+        self.shutdown.store(true, Ordering::Relaxed);
+    }
+
+    pub fn is_shutdown(&self) -> bool {
+        self.shutdown.load(Ordering::Relaxed)
+    }
+
+    fn should_abort(&self) -> bool {
+        if self.shutdown.load(Ordering::Relaxed) {
+            return true;
+        }
+        // Only the engine thread locks it, before and after a pass; never wait.
+        match self.watched.try_lock() {
+            Ok(w) => !w.is_empty() && w.iter().all(|f| f.load(Ordering::Relaxed) != 0),
+            Err(_) => false,
+        }
+    }
+}
+
+/// # Safety
+/// `data` is the `AbortWatch` the context registered, which lives as long as
+/// the context (`Context::abort`).
+unsafe extern "C" fn abort_callback(data: *mut c_void) -> bool {
+    let watch = &*(data as *const AbortWatch);
+    watch.should_abort()
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// No KV slot for the batch; nothing was computed.
+    KvFull,
+    /// The abort flag stopped the pass.
+    Aborted,
+    /// Invalid batch or an internal failure (reason in llama.cpp's log).
+    Failed(i32),
+}
+
+impl Context {
+    /// Creates the context and its threadpool. Call it on the thread that will
+    /// run `decode`: that thread is ggml's worker 0 and is pinned here.
+    pub fn new(model: Arc<Model>, p: &ContextParams) -> Result<Context, String> {
+        assert!(!p.cpus.is_empty(), "at least one compute thread");
+        let n_threads = p.cpus.len() as i32;
+        // SAFETY: plain C calls on values made here; every pointer llama.cpp returns
+        // is checked for NULL before use, and what fails is freed before returning.
+        unsafe {
+            let mut tp = sys::ggml_threadpool_params_default(n_threads);
+            assert!(
+                p.cpus.len() <= tp.cpumask.len(),
+                "more threads than ggml supports"
+            );
+            for &cpu in &p.cpus {
+                if cpu < tp.cpumask.len() {
+                    tp.cpumask[cpu] = true;
+                }
+            }
+            tp.strict_cpu = true;
+            tp.poll = p.poll;
+            let pool = NonNull::new(sys::ggml_threadpool_new(&mut tp))
+                .ok_or("ggml could not create its threadpool")?;
+
+            let mut cp = sys::llama_context_default_params();
+            cp.n_ctx = p.n_ctx;
+            cp.n_batch = p.n_batch;
+            cp.n_ubatch = p.n_batch;
+            cp.n_seq_max = p.n_seq_max;
+            cp.n_threads = n_threads;
+            cp.n_threads_batch = n_threads;
+            cp.kv_unified = p.kv_layout == KvLayout::Unified;
+            cp.no_perf = true;
+            cp.flash_attn_type = match p.flash_attn {
+                FlashAttn::Auto => sys::LLAMA_FLASH_ATTN_TYPE_AUTO,
+                FlashAttn::On => sys::LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                FlashAttn::Off => sys::LLAMA_FLASH_ATTN_TYPE_DISABLED,
+            };
+            cp.type_k = p.kv_type.ggml_k();
+            cp.type_v = p.kv_type.ggml_v();
+            let ptr = match NonNull::new(sys::llama_init_from_model(model.ptr.as_ptr(), cp)) {
+                Some(ptr) => ptr,
+                None => {
+                    sys::ggml_threadpool_free(pool.as_ptr());
+                    return Err(
+                        "llama.cpp could not create a context (reason in the log above)".into(),
+                    );
+                }
+            };
+            sys::llama_attach_threadpool(ptr.as_ptr(), pool.as_ptr(), pool.as_ptr());
+            let abort = Arc::new(AbortWatch::default());
+            sys::llama_set_abort_callback(
+                ptr.as_ptr(),
+                Some(abort_callback),
+                Arc::as_ptr(&abort) as *mut c_void,
+            );
+            let n_batch = sys::llama_n_batch(ptr.as_ptr()) as usize;
+            Ok(Context {
+                ptr,
+                pool,
+                n_batch,
+                n_vocab: model.n_vocab(),
+                abort,
+                _model: model,
+            })
+        }
+    }
+
+    pub fn n_batch(&self) -> usize {
+        self.n_batch
+    }
+
+    /// Cells one sequence may hold: all of them (unified), or its stream's.
+    pub fn n_ctx_seq(&self) -> usize {
+        // SAFETY: `ptr` is a live context (freed only in Drop).
+        unsafe { sys::llama_n_ctx_seq(self.ptr.as_ptr()) as usize }
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        // SAFETY: `ptr` is a live context.
+        unsafe { sys::llama_n_ctx(self.ptr.as_ptr()) as usize }
+    }
+
+    /// Decodes `batch`, aborting the pass as soon as every flag in `watch` is
+    /// set (the sequences it serves were all cancelled). With `Aborted`, the
+    /// batch's new KV entries are removed again (llama.cpp does it).
+    pub fn decode_watching(
+        &mut self,
+        batch: &Batch,
+        watch: &[Arc<AtomicU8>],
+    ) -> Result<(), DecodeError> {
+        *self.abort.watched.lock().expect("abort watch") = watch.to_vec();
+        let result = self.decode(batch);
+        self.abort.watched.lock().expect("abort watch").clear();
+        result
+    }
+
+    /// The handle the main thread uses to stop the engine at the end of a drain.
+    pub fn abort_handle(&self) -> Arc<AbortWatch> {
+        Arc::clone(&self.abort)
+    }
+
+    pub fn decode(&mut self, batch: &Batch) -> Result<(), DecodeError> {
+        assert!(batch.len() <= self.n_batch, "batch over n_batch");
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: a live context, and a batch within n_batch (asserted) whose
+        // arrays llama_batch_init sized for its capacity.
+        let rc = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch.raw) };
+        match rc {
+            0 => Ok(()),
+            1 => Err(DecodeError::KvFull),
+            2 => Err(DecodeError::Aborted),
+            rc => Err(DecodeError::Failed(rc)),
+        }
+    }
+
+    /// Logits for the batch entry `i`, which must have been added with `logits = true`
+    /// to the batch of the last successful `decode`.
+    pub fn logits(&mut self, batch: &Batch, i: usize) -> &[f32] {
+        assert!(
+            batch.wants_logits(i),
+            "logits of entry {i} were not requested"
+        );
+        // SAFETY: entry `i` asked for logits in the last decode (asserted), so
+        // llama.cpp holds a row of n_vocab floats for it until the next decode,
+        // which needs `&mut self`: the slice cannot outlive it.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i as i32);
+            assert!(!p.is_null(), "llama.cpp has no logits for entry {i}");
+            std::slice::from_raw_parts(p, self.n_vocab)
+        }
+    }
+
+    /// Frees every KV cell of every sequence and clears the cache's buffers,
+    /// which gives their pages back to the kernel (`lazy_zero`).
+    pub fn clear_all_cells(&mut self) {
+        // SAFETY: a live context; its memory lives as long as it.
+        unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_clear(mem, true);
+        }
+    }
+
+    /// Frees every KV cell of `seq`.
+    pub fn clear_sequence(&mut self, seq: i32) {
+        // SAFETY: a live context; any sequence id is accepted.
+        unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_rm(mem, seq, -1, -1);
+        }
+    }
+
+    /// Gives `dst` the cells `src` holds at positions `p0..p1` (-1: to the
+    /// end). In the unified cache the cells are shared, not copied: each is
+    /// freed when no sequence holds it any more.
+    pub fn share_cells(&mut self, src: i32, dst: i32, p0: i32, p1: i32) {
+        // SAFETY: a live context; llama.cpp checks the ids and positions.
+        unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_cp(mem, src, dst, p0, p1);
+        }
+    }
+
+    /// Frees the cells of `seq` at positions `from..`.
+    pub fn truncate_sequence(&mut self, seq: i32, from: i32) {
+        // SAFETY: a live context; llama.cpp checks the id and positions.
+        unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_rm(mem, seq, from, -1);
+        }
+    }
+
+    /// A copy of what `seq`'s KV cells hold (positions and contents), for
+    /// [`Context::restore_sequence`]: about `2 · layers · kv_width` values a token.
+    /// Bytes `save_sequence(seq)` would take.
+    pub fn sequence_state_size(&mut self, seq: i32) -> usize {
+        // SAFETY: a live context.
+        unsafe { sys::llama_state_seq_get_size_ext(self.ptr.as_ptr(), seq, 0) }
+    }
+
+    pub fn save_sequence(&mut self, seq: i32) -> Vec<u8> {
+        // SAFETY: the buffer is exactly the size llama.cpp asked for, and it
+        // writes at most `n` bytes.
+        unsafe {
+            let n = sys::llama_state_seq_get_size_ext(self.ptr.as_ptr(), seq, 0);
+            let mut buf = vec![0u8; n];
+            let written =
+                sys::llama_state_seq_get_data_ext(self.ptr.as_ptr(), buf.as_mut_ptr(), n, seq, 0);
+            buf.truncate(written);
+            buf
+        }
+    }
+
+    /// Writes a saved state into `seq` (its cells are replaced), in free cells
+    /// anywhere in the cache. False when llama.cpp refused it (not enough free
+    /// cells, or a state from another model); `seq` then holds nothing.
+    pub fn restore_sequence(&mut self, seq: i32, state: &[u8]) -> bool {
+        if state.is_empty() {
+            return false;
+        }
+        // SAFETY: llama.cpp reads at most `state.len()` bytes and validates them.
+        let read = unsafe {
+            sys::llama_state_seq_set_data_ext(
+                self.ptr.as_ptr(),
+                state.as_ptr(),
+                state.len(),
+                seq,
+                0,
+            )
+        };
+        if read == 0 {
+            self.clear_sequence(seq);
+        }
+        read != 0
+    }
+
+    /// The highest position `seq` holds in the KV cache, or -1 when it holds none.
+    pub fn sequence_pos_max(&self, seq: i32) -> i32 {
+        // SAFETY: a live context.
+        unsafe {
+            let mem = sys::llama_get_memory(self.ptr.as_ptr());
+            sys::llama_memory_seq_pos_max(mem, seq)
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        // SAFETY: the context and pool were made in `new` and are freed once, here,
+        // the context first (it uses the pool).
+        unsafe {
+            sys::llama_detach_threadpool(self.ptr.as_ptr());
+            sys::llama_free(self.ptr.as_ptr());
+            sys::ggml_threadpool_free(self.pool.as_ptr());
+        }
+    }
+}
+
+/// A batch of tokens for one `decode`, with capacity fixed at creation.
+pub struct Batch {
+    raw: sys::llama_batch,
+    capacity: usize,
+}
+
+// SAFETY: the batch owns its buffers; it moves with the engine.
+unsafe impl Send for Batch {}
+
+impl Batch {
+    pub fn new(capacity: usize) -> Batch {
+        assert!(capacity > 0);
+        // SAFETY: allocates arrays for `capacity` tokens with one sequence id each.
+        let mut raw = unsafe { sys::llama_batch_init(capacity as i32, 0, 1) };
+        raw.n_tokens = 0;
+        Batch { raw, capacity }
+    }
+
+    pub fn len(&self) -> usize {
+        self.raw.n_tokens as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.raw.n_tokens == 0
+    }
+
+    pub fn clear(&mut self) {
+        self.raw.n_tokens = 0;
+    }
+
+    /// Adds a token of sequence `seq` at position `pos`; returns its batch index.
+    pub fn push(&mut self, token: Token, pos: i32, seq: i32, logits: bool) -> usize {
+        let i = self.raw.n_tokens as usize;
+        assert!(
+            i < self.capacity,
+            "batch capacity {} exceeded",
+            self.capacity
+        );
+        // SAFETY: `i < capacity` (asserted) and llama_batch_init allocated every
+        // array, and each token's one seq_id slot, for `capacity` entries.
+        unsafe {
+            *self.raw.token.add(i) = token;
+            *self.raw.pos.add(i) = pos;
+            *self.raw.n_seq_id.add(i) = 1;
+            *(*self.raw.seq_id.add(i)) = seq;
+            *self.raw.logits.add(i) = i8::from(logits);
+        }
+        self.raw.n_tokens += 1;
+        i
+    }
+
+    fn wants_logits(&self, i: usize) -> bool {
+        // SAFETY: `i < len <= capacity`, within the logits array.
+        i < self.len() && unsafe { *self.raw.logits.add(i) != 0 }
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        // SAFETY: made by llama_batch_init in `new`, freed once.
+        unsafe { sys::llama_batch_free(self.raw) }
+    }
+}
+
+/// How one sequence picks its next token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy (argmax); the other fields are then ignored.
+    pub temperature: f32,
+    pub top_k: i32,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub seed: u32,
+}
+
+/// A llama.cpp sampler chain (top-k, top-p, min-p, temperature, then a draw
+/// from the distribution), for the sampling parameters that need candidates
+/// in order (`engine::sample` handles the others).
+pub struct ChainSampler(NonNull<sys::llama_sampler>);
+
+// SAFETY: a sampler chain is plain state owned by one sequence on the engine thread.
+unsafe impl Send for ChainSampler {}
+
+impl ChainSampler {
+    pub fn new(p: &SamplingParams) -> ChainSampler {
+        assert!(p.temperature > 0.0, "a chain samples at a temperature");
+        // SAFETY: the chain takes ownership of each sampler added to it.
+        unsafe {
+            let chain = sys::llama_sampler_chain_init(sys::llama_sampler_chain_default_params());
+            if p.top_k > 0 {
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_top_k(p.top_k));
+            }
+            if p.top_p < 1.0 {
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_top_p(p.top_p, 1));
+            }
+            if p.min_p > 0.0 {
+                sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_min_p(p.min_p, 1));
+            }
+            sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_temp(p.temperature));
+            sys::llama_sampler_chain_add(chain, sys::llama_sampler_init_dist(p.seed));
+            ChainSampler(NonNull::new(chain).expect("llama_sampler_chain_init returned NULL"))
+        }
+    }
+
+    /// Samples from the logits of batch entry `i` of the last decode, and records
+    /// the choice in the chain's state.
+    pub fn sample(&mut self, ctx: &mut Context, batch: &Batch, i: usize) -> Token {
+        assert!(batch.wants_logits(i), "sampling entry {i} without logits");
+        // SAFETY: a live chain and context; entry `i` has logits (asserted).
+        unsafe { sys::llama_sampler_sample(self.0.as_ptr(), ctx.ptr.as_ptr(), i as i32) }
+    }
+}
+
+impl Drop for ChainSampler {
+    fn drop(&mut self) {
+        // SAFETY: made in `new`, freed once (with the samplers it owns).
+        unsafe { sys::llama_sampler_free(self.0.as_ptr()) }
+    }
+}

@@ -1,0 +1,259 @@
+//! llama.cpp's process-wide set-up (backend, log) and a loaded model:
+//! weights, vocabulary, tokenization, chat template.
+
+use super::lazy_zero;
+use llama_cpp_sys_2 as sys;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::Path;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Once;
+
+pub type Token = i32;
+
+/// Longest piece a single token can render to; llama.cpp's longest pieces are a
+/// few dozen bytes, and `token_piece` retries with the size it is told if not.
+const PIECE_BYTES_START: usize = 64;
+
+static BACKEND_INIT: Once = Once::new();
+/// 0 = warnings and errors only, 1 = everything llama.cpp says.
+static LOG_VERBOSE: AtomicU8 = AtomicU8::new(0);
+
+/// Initialises llama.cpp once per process and routes its log to stderr.
+/// Warnings and errors stay visible: the real reason for a failed decode is only
+/// in llama.cpp's log.
+pub fn backend_init(verbose: bool) {
+    LOG_VERBOSE.store(u8::from(verbose), Ordering::Relaxed);
+    // SAFETY: once per process, before any model or context exists; the log
+    // callback is a plain function that lives for the whole process.
+    BACKEND_INIT.call_once(|| unsafe {
+        sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
+        sys::llama_backend_init();
+        if !lazy_zero::install() {
+            eprintln!(
+                "sluice: ggml's CPU buffers are not laid out as expected; KV memory is cleared by writing it (all of it resident)"
+            );
+        }
+    });
+}
+
+/// # Safety
+/// `text` is NULL or a NUL-terminated string, as ggml promises its log callback.
+unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    let important = level == sys::GGML_LOG_LEVEL_WARN || level == sys::GGML_LOG_LEVEL_ERROR;
+    // CONT lines continue the previous message; show them only in verbose mode.
+    if important || LOG_VERBOSE.load(Ordering::Relaxed) == 1 {
+        let msg = CStr::from_ptr(text).to_string_lossy();
+        eprint!("llama.cpp: {msg}");
+    }
+}
+
+/// What llama.cpp was compiled with ("CPU : SSE3 = 1 | AVX = 1 | ...").
+pub fn system_info() -> String {
+    // SAFETY: returns NULL or a static NUL-terminated string.
+    unsafe {
+        let p = sys::llama_print_system_info();
+        if p.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr(p).to_string_lossy().trim().to_string()
+        }
+    }
+}
+
+/// A loaded GGUF model: weights and vocabulary.
+pub struct Model {
+    pub(super) ptr: NonNull<sys::llama_model>,
+    vocab: NonNull<sys::llama_vocab>,
+}
+
+// SAFETY: the model is immutable after loading. The context reads the weights,
+// and tokenization/detokenization only read the vocabulary (llama.cpp's server
+// tokenizes from many threads at once).
+unsafe impl Send for Model {}
+unsafe impl Sync for Model {}
+
+impl Model {
+    /// Loads a GGUF file. The caller checks the file first (see `engine::load_model`)
+    /// so that the common mistakes get a clear message; anything llama.cpp itself
+    /// rejects is reported here, with its reason in the log above.
+    /// `mmap`: map the file (llama.cpp's default) rather than read it into
+    /// buffers.
+    pub fn load(path: &Path, mmap: bool) -> Result<Model, String> {
+        let cpath = CString::new(path.to_string_lossy().as_bytes())
+            .map_err(|_| format!("model path {} contains a NUL byte", path.display()))?;
+        // SAFETY: `cpath` is NUL-terminated and outlives the call; the model and
+        // vocabulary pointers are checked for NULL.
+        unsafe {
+            let mut params = sys::llama_model_default_params();
+            params.load_mode = if mmap {
+                sys::LLAMA_LOAD_MODE_MMAP
+            } else {
+                sys::LLAMA_LOAD_MODE_NONE
+            };
+            let ptr = NonNull::new(sys::llama_model_load_from_file(cpath.as_ptr(), params))
+                .ok_or_else(|| {
+                    format!(
+                        "llama.cpp could not load {} (its reason is in the log above)",
+                        path.display()
+                    )
+                })?;
+            let vocab = sys::llama_model_get_vocab(ptr.as_ptr());
+            let Some(vocab) = NonNull::new(vocab as *mut sys::llama_vocab) else {
+                sys::llama_model_free(ptr.as_ptr());
+                return Err(format!("{} has no vocabulary", path.display()));
+            };
+            Ok(Model { ptr, vocab })
+        }
+    }
+
+    pub fn n_ctx_train(&self) -> u32 {
+        // SAFETY: a live model (freed only in Drop).
+        unsafe { sys::llama_model_n_ctx_train(self.ptr.as_ptr()).max(0) as u32 }
+    }
+
+    pub fn n_vocab(&self) -> usize {
+        // SAFETY: a live vocabulary (it lives as long as the model).
+        unsafe { sys::llama_vocab_n_tokens(self.vocab.as_ptr()).max(0) as usize }
+    }
+
+    /// e.g. "llama 135M Q4_1".
+    pub fn description(&self) -> String {
+        let mut buf = vec![0u8; 256];
+        // SAFETY: llama.cpp writes at most `buf.len()` bytes.
+        let n = unsafe {
+            sys::llama_model_desc(
+                self.ptr.as_ptr(),
+                buf.as_mut_ptr() as *mut c_char,
+                buf.len(),
+            )
+        };
+        buf.truncate(n.clamp(0, 255) as usize);
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// The chat template stored in the GGUF, if any.
+    pub fn chat_template(&self) -> Option<String> {
+        // SAFETY: NULL or a NUL-terminated string owned by the model.
+        unsafe {
+            let p = sys::llama_model_chat_template(self.ptr.as_ptr(), std::ptr::null());
+            if p.is_null() {
+                None
+            } else {
+                Some(CStr::from_ptr(p).to_string_lossy().into_owned())
+            }
+        }
+    }
+
+    pub fn is_eog(&self, token: Token) -> bool {
+        // SAFETY: a live vocabulary; any token id is accepted.
+        unsafe { sys::llama_vocab_is_eog(self.vocab.as_ptr(), token) }
+    }
+
+    /// Tokenizes `text`. `add_special` adds BOS/EOS as the model asks;
+    /// `parse_special` turns "<|im_start|>" and the like into their tokens.
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<Token>, String> {
+        let len = i32::try_from(text.len()).map_err(|_| "text too long to tokenize".to_string())?;
+        // A token is at least one byte, plus room for BOS/EOS.
+        let mut tokens: Vec<Token> = vec![0; text.len() + 2];
+        // SAFETY: `text` is `len` bytes; llama.cpp writes at most `tokens.len()`
+        // tokens and says how many it needed if that is too few.
+        let n = unsafe {
+            sys::llama_tokenize(
+                self.vocab.as_ptr(),
+                text.as_ptr() as *const c_char,
+                len,
+                tokens.as_mut_ptr(),
+                tokens.len() as i32,
+                add_special,
+                parse_special,
+            )
+        };
+        if n < 0 {
+            return Err(format!("tokenizer failed ({n})"));
+        }
+        tokens.truncate(n as usize);
+        Ok(tokens)
+    }
+
+    /// The raw bytes a token renders to (may be part of a UTF-8 character).
+    pub fn token_piece(&self, token: Token, special: bool) -> Vec<u8> {
+        let mut buf = vec![0u8; PIECE_BYTES_START];
+        for _ in 0..2 {
+            // SAFETY: llama.cpp writes at most `buf.len()` bytes.
+            let n = unsafe {
+                sys::llama_token_to_piece(
+                    self.vocab.as_ptr(),
+                    token,
+                    buf.as_mut_ptr() as *mut c_char,
+                    buf.len() as i32,
+                    0,
+                    special,
+                )
+            };
+            if n >= 0 {
+                buf.truncate(n as usize);
+                return buf;
+            }
+            buf.resize((-n) as usize, 0);
+        }
+        Vec::new()
+    }
+
+    /// Renders a chat with llama.cpp's built-in template matcher. `None` when the
+    /// template is not one llama.cpp recognises (it matches by substring, not Jinja).
+    pub fn apply_chat_template(&self, template: &str, messages: &[(&str, &str)]) -> Option<String> {
+        let tmpl = CString::new(template).ok()?;
+        let owned: Vec<(CString, CString)> = messages
+            .iter()
+            .map(|(r, c)| Some((CString::new(*r).ok()?, CString::new(*c).ok()?)))
+            .collect::<Option<_>>()?;
+        let chat: Vec<sys::llama_chat_message> = owned
+            .iter()
+            .map(|(r, c)| sys::llama_chat_message {
+                role: r.as_ptr(),
+                content: c.as_ptr(),
+            })
+            .collect();
+        let content_bytes: usize = messages.iter().map(|(r, c)| r.len() + c.len()).sum();
+        let mut buf = vec![0u8; 2 * content_bytes + 1024];
+        for _ in 0..2 {
+            // SAFETY: the messages' C strings live until after the call; llama.cpp
+            // writes at most `buf.len()` bytes and says how many it needed.
+            let n = unsafe {
+                sys::llama_chat_apply_template(
+                    tmpl.as_ptr(),
+                    chat.as_ptr(),
+                    chat.len(),
+                    true,
+                    buf.as_mut_ptr() as *mut c_char,
+                    i32::try_from(buf.len()).ok()?,
+                )
+            };
+            if n < 0 {
+                return None;
+            }
+            if (n as usize) <= buf.len() {
+                buf.truncate(n as usize);
+                return String::from_utf8(buf).ok();
+            }
+            buf.resize(n as usize, 0);
+        }
+        None
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        // SAFETY: loaded in `load`, freed once.
+        unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}

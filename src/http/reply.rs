@@ -1,0 +1,345 @@
+//! The engine's events folded into the reply: one loop reads them (`reply`)
+//! and a `Sink` says what each becomes, SSE chunks written as they come
+//! (`stream: true`) or one JSON body at the end.
+
+use super::error::ApiError;
+use super::openai::Meta;
+use super::validation::{Api, ValidRequest};
+use super::{outcome_of_error, respond_error, respond_json, sse, Outcome};
+use crate::ffi;
+use crate::metrics::Metrics;
+use crate::stream::{
+    CancelFlag, CancelReason, ErrorKind, Event, FinishReason, TokenLogprob, Usage,
+};
+use crossbeam_channel::{Receiver, RecvTimeoutError};
+use serde_json::Value;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often a handler waiting for the engine checks that its client is still
+/// there: well under one engine step on a CPU.
+const PEER_PROBE_INTERVAL: Duration = Duration::from_millis(20);
+
+/// A handler's side of one request in the engine: its events, its deadline,
+/// its client's socket, and the flag that tells the engine it gave up.
+pub(super) struct Waiter {
+    pub(super) rx: Receiver<Event>,
+    pub(super) t0: Instant,
+    pub(super) deadline: Instant,
+    pub(super) timeout_ms: u64,
+    pub(super) stall_timeout_ms: u64,
+    pub(super) probe: Option<std::os::fd::OwnedFd>,
+    /// When the client's socket was last probed.
+    pub(super) probed_at: std::cell::Cell<Instant>,
+    pub(super) cancel: CancelFlag,
+    pub(super) metrics: Arc<Metrics>,
+}
+
+impl Waiter {
+    /// The engine's step count, stamped on a cancel.
+    fn step(&self) -> u64 {
+        self.metrics.steps.load(Ordering::Relaxed)
+    }
+
+    /// Whether the client closed its connection: probed at most every
+    /// `PEER_PROBE_INTERVAL`, whether or not events keep coming.
+    fn client_gone(&self) -> bool {
+        let now = Instant::now();
+        if now.duration_since(self.probed_at.get()) < PEER_PROBE_INTERVAL {
+            return false;
+        }
+        self.probed_at.set(now);
+        self.probe.as_ref().is_some_and(ffi::peer_closed)
+    }
+
+    /// Waits for the next event until the request's deadline, checking that the
+    /// client is still there. Every way of not getting one (timeout, the client
+    /// gone, a stall, a stopped engine, an engine refusal) is an `ApiError`;
+    /// giving up sets the cancel flag first, so the engine stops at its next step.
+    fn next(&self) -> Result<Event, ApiError> {
+        loop {
+            let now = Instant::now();
+            if now >= self.deadline {
+                self.cancel.cancel(CancelReason::Deadline, self.step());
+                return Err(ApiError::Timeout {
+                    limit_ms: self.timeout_ms,
+                });
+            }
+            if self.client_gone() {
+                self.cancel.cancel(CancelReason::Disconnect, self.step());
+                return Err(ApiError::ClientGone);
+            }
+            let wait = PEER_PROBE_INTERVAL.min(self.deadline - now);
+            match self.rx.recv_timeout(wait) {
+                Ok(Event::Error { kind, message }) => {
+                    return Err(match kind {
+                        ErrorKind::Engine => ApiError::Engine { message },
+                        ErrorKind::Shed {
+                            reason,
+                            retry_after_s,
+                        } => ApiError::Shed {
+                            reason,
+                            message,
+                            retry_after_s,
+                        },
+                        ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
+                        ErrorKind::Shutdown => ApiError::ShuttingDown,
+                    })
+                }
+                Ok(event) => return Ok(event),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(match self.cancel.reason() {
+                        Some(CancelReason::Stall) => ApiError::Stalled {
+                            limit_ms: self.stall_timeout_ms,
+                        },
+                        Some(CancelReason::Shutdown) => ApiError::ShuttingDown,
+                        _ => ApiError::Engine {
+                            message: "the engine stopped before the request ended".into(),
+                        },
+                    })
+                }
+            }
+        }
+    }
+
+    /// A write to the client failed: it left, or (the send timeout) it took
+    /// nothing for the stall timeout.
+    fn write_failed(&self, e: &std::io::Error) {
+        let reason = match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => CancelReason::Stall,
+            _ => CancelReason::Disconnect,
+        };
+        self.cancel.cancel(reason, self.step());
+    }
+}
+
+/// A write to the client failed (the cancel flag is set, `Waiter::write_failed`).
+struct WriteFailed;
+
+/// What the events of one request become.
+trait Sink {
+    /// The prompt's log-probabilities (`echo` with `logprobs`).
+    fn prompt(&mut self, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed>;
+    fn token(&mut self, text: String, logprob: Option<TokenLogprob>) -> Result<(), WriteFailed>;
+    fn end(self: Box<Self>, finish: FinishReason, usage: Usage) -> Result<(), WriteFailed>;
+    /// The request failed; what the log says of it, from what was sent so far.
+    fn fail(self: Box<Self>, e: &ApiError, so_far: Outcome) -> Outcome;
+}
+
+/// Folds the events of one request into its reply; returns what the log says.
+pub(super) fn reply(
+    req: tiny_http::Request,
+    meta: &Meta,
+    v: &ValidRequest,
+    echo_text: Option<String>,
+    w: &Waiter,
+) -> Outcome {
+    let mut sink: Box<dyn Sink + '_> = if v.stream {
+        Box::new(SseSink {
+            head: Some(req),
+            out: None,
+            meta,
+            w,
+            include_usage: v.include_usage,
+            pending_echo: echo_text,
+            offset: 0,
+        })
+    } else {
+        Box::new(JsonSink {
+            req,
+            meta,
+            with_logprobs: v.top_logprobs.is_some(),
+            text: echo_text.unwrap_or_default(),
+            logprobs: Vec::new(),
+        })
+    };
+    let mut outcome = Outcome {
+        status: 200,
+        usage: Usage::default(),
+        first_token: None,
+        note: "",
+    };
+    loop {
+        let written = match w.next() {
+            Err(e) => return sink.fail(&e, outcome),
+            Ok(Event::Prompt { logprobs }) => sink.prompt(logprobs),
+            Ok(Event::Token { text, logprob, .. }) => {
+                outcome.first_token.get_or_insert_with(|| w.t0.elapsed());
+                // The log's count if the stream ends early (End brings the real usage).
+                outcome.usage.completion_tokens += 1;
+                sink.token(text, logprob)
+            }
+            Ok(Event::End { finish, usage }) => {
+                outcome.usage = usage;
+                let written = sink.end(finish, usage);
+                if written.is_err() {
+                    outcome.note = w.gone_note();
+                }
+                return outcome;
+            }
+            // `Waiter::next` turns errors into `Err`.
+            Ok(Event::Error { .. }) => Ok(()),
+        };
+        if written.is_err() {
+            // The cancel flag is set: the engine stops at its next step.
+            outcome.note = w.gone_note();
+            return outcome;
+        }
+    }
+}
+
+impl Waiter {
+    /// The log's note for a reply cut short by a failed write.
+    fn gone_note(&self) -> &'static str {
+        match self.cancel.reason() {
+            Some(CancelReason::Stall) => "stream_stalled",
+            _ => "client_gone",
+        }
+    }
+}
+
+/// SSE chunks as the events come. The head goes out with the first event, so
+/// that a request refused before it ran (shed, or its deadline passed) still
+/// gets its own status code.
+struct SseSink<'a> {
+    head: Option<tiny_http::Request>,
+    out: Option<sse::SseWriter>,
+    meta: &'a Meta<'a>,
+    w: &'a Waiter,
+    include_usage: bool,
+    /// The prompt's text (`echo`), sent with the first chunk.
+    pending_echo: Option<String>,
+    /// Characters sent so far (legacy logprobs' text offsets).
+    offset: usize,
+}
+
+impl SseSink<'_> {
+    fn out(&mut self) -> Result<&mut sse::SseWriter, WriteFailed> {
+        if let Some(req) = self.head.take() {
+            let mut out = sse::SseWriter::start(req.into_writer()).map_err(|e| {
+                self.w.write_failed(&e);
+                WriteFailed
+            })?;
+            if self.meta.api == Api::Chat {
+                Self::send(self.w, &mut out, self.meta.role_chunk())?;
+            }
+            self.out = Some(out);
+        }
+        Ok(self.out.as_mut().expect("the stream is started"))
+    }
+
+    fn send(w: &Waiter, out: &mut sse::SseWriter, value: Value) -> Result<(), WriteFailed> {
+        out.event(&value.to_string()).map_err(|e| {
+            w.write_failed(&e);
+            WriteFailed
+        })
+    }
+
+    fn chunk(&mut self, text: &str, logprobs: &[&TokenLogprob]) -> Result<(), WriteFailed> {
+        let value = self.meta.text_chunk(text, logprobs, self.offset);
+        self.offset += text.chars().count();
+        let w = self.w;
+        Self::send(w, self.out()?, value)
+    }
+}
+
+impl Sink for SseSink<'_> {
+    fn prompt(&mut self, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed> {
+        let text = self.pending_echo.take().unwrap_or_default();
+        let entries: Vec<&TokenLogprob> = logprobs.iter().collect();
+        self.chunk(&text, &entries)
+    }
+
+    fn token(&mut self, text: String, logprob: Option<TokenLogprob>) -> Result<(), WriteFailed> {
+        let mut text = text;
+        if let Some(echo) = self.pending_echo.take() {
+            self.offset += echo.chars().count();
+            text.insert_str(0, &echo);
+        }
+        let entries: Vec<&TokenLogprob> = logprob.iter().collect();
+        if text.is_empty() && entries.is_empty() {
+            // Nothing to say yet, but the stream starts.
+            return self.out().map(|_| ());
+        }
+        self.chunk(&text, &entries)
+    }
+
+    fn end(mut self: Box<Self>, finish: FinishReason, usage: Usage) -> Result<(), WriteFailed> {
+        let w = self.w;
+        if let Some(echo) = self.pending_echo.take() {
+            let value = self.meta.text_chunk(&echo, &[], 0);
+            Self::send(w, self.out()?, value)?;
+        }
+        let finish = self.meta.finish_chunk(finish);
+        Self::send(w, self.out()?, finish)?;
+        if self.include_usage {
+            let value = self.meta.usage_chunk(usage);
+            Self::send(w, self.out()?, value)?;
+        }
+        let out = self.out.take().expect("the stream is started");
+        out.done().map_err(|e| {
+            w.write_failed(&e);
+            WriteFailed
+        })
+    }
+
+    fn fail(mut self: Box<Self>, e: &ApiError, so_far: Outcome) -> Outcome {
+        match (self.head.take(), self.out.take()) {
+            // Nothing sent yet: the error has its own status.
+            (Some(req), _) => {
+                respond_error(req, e);
+                outcome_of_error(e)
+            }
+            // Mid-stream: an error event, then the stream ends.
+            (None, Some(mut out)) => {
+                let _ = Self::send(self.w, &mut out, e.to_json());
+                let _ = out.end();
+                Outcome {
+                    note: e.code(),
+                    ..so_far
+                }
+            }
+            (None, None) => so_far,
+        }
+    }
+}
+
+/// One JSON body at the end: text and log-probabilities gathered.
+struct JsonSink<'a> {
+    req: tiny_http::Request,
+    meta: &'a Meta<'a>,
+    with_logprobs: bool,
+    text: String,
+    logprobs: Vec<TokenLogprob>,
+}
+
+impl Sink for JsonSink<'_> {
+    fn prompt(&mut self, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed> {
+        self.logprobs.extend(logprobs);
+        Ok(())
+    }
+
+    fn token(&mut self, text: String, logprob: Option<TokenLogprob>) -> Result<(), WriteFailed> {
+        self.text.push_str(&text);
+        self.logprobs.extend(logprob);
+        Ok(())
+    }
+
+    fn end(self: Box<Self>, finish: FinishReason, usage: Usage) -> Result<(), WriteFailed> {
+        let entries: Vec<&TokenLogprob> = self.logprobs.iter().collect();
+        let lp = self.with_logprobs.then_some(entries.as_slice());
+        respond_json(
+            self.req,
+            200,
+            &self.meta.response(&self.text, lp, finish, usage),
+        );
+        Ok(())
+    }
+
+    fn fail(self: Box<Self>, e: &ApiError, _so_far: Outcome) -> Outcome {
+        respond_error(self.req, e);
+        outcome_of_error(e)
+    }
+}

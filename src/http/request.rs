@@ -1,0 +1,424 @@
+//! A completion request turned into a `Job`: who asks (API key, address),
+//! its class and deadline, the body validated, the prompt templated and
+//! tokenized, the client's bucket charged; then submitted to admission, and
+//! the reply folded from the engine's events (`reply`).
+
+use super::error::ApiError;
+use super::validation::{self, Api, Input, ValidRequest};
+use super::{log_request, openai, outcome_of_error, reply, respond_error, AppState};
+use crate::admission::{GenParams, Job};
+use crate::auth;
+use crate::ffi::{SamplingParams, Token};
+use crate::priority::Class;
+use crate::ratelimit::{ClientId, Limit, RateLimiter};
+use crate::stream::CancelFlag;
+use crossbeam_channel::bounded;
+use std::io::Read;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tiny_http::Request;
+
+/// Counts a completion request in flight for as long as it lives.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(n: &'a AtomicUsize) -> InFlight<'a> {
+        n.fetch_add(1, Ordering::SeqCst);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
+    let _in_flight = InFlight::enter(&state.in_flight);
+    let t0 = Instant::now();
+    let tags = String::new();
+    let path = req.url().to_string();
+    if state.draining.load(Ordering::SeqCst) {
+        let e = ApiError::Draining;
+        log_request(&path, &tags, t0, &outcome_of_error(&e));
+        respond_error(req, &e);
+        return;
+    }
+    // Who asks comes first: an unknown key costs no parsing or tokenizing.
+    let client = match authenticate(state, &req) {
+        Ok(c) => c,
+        Err(e) => {
+            state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+            log_request(&path, &tags, t0, &outcome_of_error(&e));
+            respond_error(req, &e);
+            return;
+        }
+    };
+    // The connection's socket, held for probing while this request waits: a
+    // client that leaves is seen even when nothing is being written to it.
+    let probe = req.take_peer_socket();
+    // The log names the client (its key's name, never the key; or its
+    // address) and the class once they are known.
+    let mut tags = format!(" client={}", client.label);
+    let prepared = caller_timeout_ms(&req, state.cfg.request_timeout_ms).and_then(|timeout_ms| {
+        let class = priority_class(&req)?;
+        let (valid, prompt) = prepare(state, &mut req, api)?;
+        let (gen, prompt) = gen_params(state, &valid, class, prompt)?;
+        Ok((timeout_ms, class, valid, gen, prompt))
+    });
+    let (timeout_ms, class, valid, gen, prompt) = match prepared {
+        Ok(p) => p,
+        Err(e) => {
+            state.metrics.invalid.fetch_add(1, Ordering::Relaxed);
+            log_request(&path, &tags, t0, &outcome_of_error(&e));
+            respond_error(req, &e);
+            return;
+        }
+    };
+    tags.push_str(&format!(" class={}", class.as_str()));
+    let prompt_tokens = prompt.len();
+    // Prompt tokens the prefix cache holds are not prefilled, and not charged
+    // (the engine decides again at start; the bucket is settled with what it
+    // really reused once the request ends, below).
+    let cached_estimate = if gen.echo_logprobs {
+        0
+    } else {
+        state.prefix.reusable(&prompt)
+    };
+    // The client's bucket pays for the work the request may ask for.
+    let cost = (prompt_tokens - cached_estimate + gen.max_tokens) as u64;
+    let mut bucket = match client.limit {
+        None => None,
+        Some(limit) => match state.limiter.charge(client.id, limit, cost) {
+            Ok(()) => Some(Charged {
+                limiter: &state.limiter,
+                id: client.id,
+                limit,
+                unused: cost,
+            }),
+            Err(refused) => {
+                state
+                    .metrics
+                    .class(class)
+                    .rate_limited
+                    .fetch_add(1, Ordering::Relaxed);
+                let e = ApiError::RateLimited {
+                    cost,
+                    available: refused.available,
+                    burst: limit.burst,
+                    rate_tok_s: limit.rate_tok_s,
+                    retry_after_s: refused.retry_after_s,
+                };
+                log_request(&path, &tags, t0, &outcome_of_error(&e));
+                respond_error(req, &e);
+                return;
+            }
+        },
+    };
+    let max_tokens = gen.max_tokens;
+    let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+    let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
+    let cancel = CancelFlag::default();
+    let job = Job {
+        id,
+        class,
+        prompt,
+        gen,
+        enqueued_at: t0,
+        deadline: Some(t0 + Duration::from_millis(timeout_ms)),
+        events: tx,
+        cancel: cancel.clone(),
+        cached_estimate,
+    };
+    let prompt_ids_for_echo = match (&valid.input, valid.echo) {
+        (Input::Tokens(ids), true) => Some(ids.clone()),
+        _ => None,
+    };
+    if let Err(refused) = state.admission.submit(job) {
+        let e = ApiError::from(refused);
+        // Refused for overload, not for the client's spending: the whole
+        // charge goes back (`bucket` drops with all of it unused).
+        log_request(&path, &tags, t0, &outcome_of_error(&e));
+        respond_error(req, &e);
+        return;
+    }
+    let echo_text = valid
+        .echo
+        .then(|| match (&valid.input, prompt_ids_for_echo) {
+            (Input::Text(t), _) => t.clone(),
+            (_, Some(ids)) => state.prompter.detokenize(&ids),
+            _ => String::new(),
+        });
+    let id_str = match api {
+        Api::Chat => format!("chatcmpl-{:x}-{id}", state.started_unix_s),
+        Api::Completions => format!("cmpl-{:x}-{id}", state.started_unix_s),
+    };
+    let meta = openai::Meta {
+        id: &id_str,
+        created: unix_now(),
+        model: &state.cfg.model_name,
+        api,
+    };
+    let waiter = reply::Waiter {
+        rx,
+        t0,
+        deadline: t0 + Duration::from_millis(timeout_ms),
+        timeout_ms,
+        stall_timeout_ms: state.cfg.stall_timeout.as_millis() as u64,
+        probe,
+        probed_at: std::cell::Cell::new(t0),
+        cancel,
+        metrics: Arc::clone(&state.metrics),
+    };
+    let mut outcome = reply::reply(req, &meta, &valid, echo_text, &waiter);
+    // The prompt was charged and taken; the tokens not generated go back,
+    // and so does the difference between the cached tokens expected and
+    // those reused, once the engine has said (its End event).
+    if let Some(b) = &mut bucket {
+        b.unused = max_tokens.saturating_sub(outcome.usage.completion_tokens) as u64;
+        if outcome.usage.prompt_tokens > 0 {
+            let reused = outcome.usage.cached_tokens;
+            b.unused += reused.saturating_sub(cached_estimate) as u64;
+            let more = cached_estimate.saturating_sub(reused) as u64;
+            state.limiter.debit(b.id, b.limit, more);
+        }
+    }
+    if outcome.usage.prompt_tokens == 0 {
+        outcome.usage.prompt_tokens = prompt_tokens;
+    }
+    log_request(&path, &tags, t0, &outcome);
+}
+
+/// Work charged to a client's bucket; what is still `unused` when it drops
+/// goes back.
+struct Charged<'a> {
+    limiter: &'a RateLimiter,
+    id: ClientId,
+    limit: Limit,
+    unused: u64,
+}
+
+impl Drop for Charged<'_> {
+    fn drop(&mut self) {
+        self.limiter.refund(self.id, self.limit, self.unused);
+    }
+}
+
+/// Who a request comes from, and the bucket it is charged to.
+pub(super) struct Client {
+    id: ClientId,
+    limit: Option<Limit>,
+    /// What the log calls it: its key's name (never the key), or its address.
+    label: String,
+}
+
+/// With `--api-key-file`, the request's key must be known (401 otherwise) and
+/// names the client; without, the client is its address, and a key it sends
+/// is not checked, so not trusted as an identity.
+pub(super) fn authenticate(state: &AppState, req: &Request) -> Result<Client, ApiError> {
+    let default = state.cfg.client_limit;
+    let Some(keys) = &state.cfg.api_keys else {
+        let peer = req
+            .remote_addr()
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
+        let ip = if state.cfg.trusted_proxies.contains(&peer) {
+            forwarded_for(req).unwrap_or(peer)
+        } else {
+            peer
+        };
+        return Ok(Client {
+            id: ClientId::Addr(ip),
+            limit: default,
+            label: ip.to_string(),
+        });
+    };
+    let presented = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Authorization"))
+        .and_then(|h| auth::bearer(h.value.as_str()));
+    let Some(presented) = presented else {
+        return Err(ApiError::Unauthorized { missing: true });
+    };
+    match keys.find(presented) {
+        Some(i) => Ok(Client {
+            id: ClientId::Key(i),
+            limit: keys.key(i).limit(default),
+            label: keys.key(i).name.clone(),
+        }),
+        None => Err(ApiError::Unauthorized { missing: false }),
+    }
+}
+
+/// The client's address a trusted proxy appended to `X-Forwarded-For` (its
+/// last entry: the ones before it are the client's own claims).
+fn forwarded_for(req: &Request) -> Option<std::net::IpAddr> {
+    let h = req
+        .headers()
+        .iter()
+        .rev()
+        .find(|h| h.field.equiv("X-Forwarded-For"))?;
+    h.value.as_str().rsplit(',').next()?.trim().parse().ok()
+}
+
+/// The request's priority class: `X-Priority: interactive | batch`; without
+/// the header, interactive.
+fn priority_class(req: &Request) -> Result<Class, ApiError> {
+    let Some(h) = req.headers().iter().find(|h| h.field.equiv("X-Priority")) else {
+        return Ok(Class::Interactive);
+    };
+    let text = h.value.as_str();
+    Class::parse(text).ok_or_else(|| {
+        ApiError::invalid(
+            "X-Priority",
+            format!(
+                "X-Priority is '{}'; it must be interactive or batch",
+                text.trim()
+            ),
+        )
+    })
+}
+
+/// The caller's deadline, `X-Request-Timeout: <seconds>` (a number, as
+/// OpenAI's clients send it), capped by the server's `--request-timeout-ms`;
+/// without the header, the server's ceiling. In milliseconds.
+fn caller_timeout_ms(req: &Request, ceiling_ms: u64) -> Result<u64, ApiError> {
+    let Some(h) = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("X-Request-Timeout"))
+    else {
+        return Ok(ceiling_ms);
+    };
+    let text = h.value.as_str().trim();
+    match text.parse::<f64>() {
+        Ok(s) if s.is_finite() && s > 0.0 => Ok(((s * 1000.0).ceil() as u64).clamp(1, ceiling_ms)),
+        _ => Err(ApiError::invalid(
+            "X-Request-Timeout",
+            format!("X-Request-Timeout is '{text}'; it must be a positive number of seconds"),
+        )),
+    }
+}
+
+/// Caps, reads and validates the body, and counts the prompt in tokens.
+fn prepare(
+    state: &AppState,
+    req: &mut Request,
+    api: Api,
+) -> Result<(ValidRequest, Vec<Token>), ApiError> {
+    let limit = state.cfg.body_bytes_max;
+    // Decide from Content-Length before reading a byte of the body.
+    if let Some(n) = req.body_length() {
+        if n > limit {
+            return Err(ApiError::BodyTooLarge {
+                limit,
+                given: Some(n),
+            });
+        }
+    }
+    if let Some(ct) = req.headers().iter().find(|h| h.field.equiv("Content-Type")) {
+        let ct = ct.value.as_str().to_ascii_lowercase();
+        if !ct.starts_with("application/json") {
+            return Err(ApiError::UnsupportedMediaType { given: ct });
+        }
+    }
+    let mut body = Vec::new();
+    req.as_reader()
+        .take(limit as u64 + 1)
+        .read_to_end(&mut body)
+        .map_err(|e| ApiError::InvalidRequest {
+            param: None,
+            message: format!("could not read the request body: {e}"),
+        })?;
+    if body.len() > limit {
+        return Err(ApiError::BodyTooLarge { limit, given: None });
+    }
+    let valid = validation::parse(api, &body)?;
+    let prompt = state
+        .prompter
+        .tokens(&valid.input)
+        .map_err(|m| ApiError::invalid("prompt", m))?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt is empty (0 tokens)",
+        ));
+    }
+    Ok((valid, prompt))
+}
+
+/// Fits max_tokens to the context and builds the engine's parameters.
+fn gen_params(
+    state: &AppState,
+    v: &ValidRequest,
+    class: Class,
+    prompt: Vec<Token>,
+) -> Result<(GenParams, Vec<Token>), ApiError> {
+    // A batch request may not take the KV cells kept for interactive ones.
+    let (n_ctx, whose) = match class {
+        Class::Interactive => (state.seq_tokens_max, ""),
+        Class::Batch if state.batch_seq_tokens_max < state.seq_tokens_max => (
+            state.batch_seq_tokens_max,
+            " of batch requests (the KV cache less the interactive slots' share)",
+        ),
+        Class::Batch => (state.seq_tokens_max, ""),
+    };
+    let p = prompt.len();
+    let scoring_only = v.echo && v.max_tokens == Some(0);
+    let room = n_ctx.saturating_sub(p);
+    if room == 0 && !scoring_only || p > n_ctx {
+        return Err(ApiError::ContextLength {
+            message: format!(
+                "prompt has {p} tokens; the context limit{whose} is {n_ctx} tokens, including at least 1 to generate"
+            ),
+        });
+    }
+    let max_tokens = match v.max_tokens {
+        Some(n) if n > room => {
+            return Err(ApiError::ContextLength {
+                message: format!(
+                    "prompt has {p} tokens and max_tokens is {n}: together {} tokens, over the context limit{whose} of {n_ctx}",
+                    p + n
+                ),
+            })
+        }
+        Some(n) => n,
+        None => state.cfg.max_tokens_default.min(room),
+    };
+    let seed = v.seed.unwrap_or_else(random_seed);
+    Ok((
+        GenParams {
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: v.temperature,
+                top_k: v.top_k,
+                top_p: v.top_p,
+                min_p: v.min_p,
+                seed,
+            },
+            stop: v.stop.clone(),
+            ignore_eos: v.ignore_eos,
+            top_logprobs: v.top_logprobs,
+            echo_logprobs: v.echo && v.top_logprobs.is_some(),
+        },
+        prompt,
+    ))
+}
+
+fn random_seed() -> u32 {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    nanos ^ (COUNTER.fetch_add(0x9E37_79B9, Ordering::Relaxed) as u32)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
