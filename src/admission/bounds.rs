@@ -132,19 +132,20 @@ pub fn retry_after_s(queued: usize, queued_tokens: usize, rates: Rates, bounds: 
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    const RATES: Rates = Rates {
+    /// The rates and the typical request the admission tests judge by.
+    pub const RATES: Rates = Rates {
         prefill_tok_s: 200.0,
         decode_tok_s: 150.0,
     };
-    const TYPICAL: Typical = Typical {
+    pub const TYPICAL: Typical = Typical {
         prompt_tokens: 100,
         max_tokens: 150,
     };
 
-    fn policy(wait_ms: u64, depth: Option<usize>) -> Policy {
+    pub fn policy(wait_ms: u64, depth: Option<usize>) -> Policy {
         Policy {
             typical: TYPICAL,
             queue_wait: Duration::from_millis(wait_ms),

@@ -93,20 +93,25 @@ pub enum QueueBound {
     Tokens,
 }
 
+/// A request the gate refused, and what it saw: what waits ahead of it, the
+/// bound it would break, and how long until that work is done.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueFull {
+    pub bound: QueueBound,
+    pub class: Class,
+    pub queued: usize,
+    pub queue_depth_max: usize,
+    pub queued_tokens: usize,
+    pub queued_tokens_max: usize,
+    pub prompt_tokens: usize,
+    pub retry_after_s: u64,
+}
+
 /// Why `Admission::submit` said no (`http::error` gives each its status).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Refused {
     /// Admitting the request would break a queue bound.
-    QueueFull {
-        bound: QueueBound,
-        class: Class,
-        queued: usize,
-        queue_depth_max: usize,
-        queued_tokens: usize,
-        queued_tokens_max: usize,
-        prompt_tokens: usize,
-        retry_after_s: u64,
-    },
+    QueueFull(QueueFull),
     /// The engine has stopped taking jobs.
     EngineStopped,
 }
@@ -423,7 +428,7 @@ impl Admission {
             counter.fetch_add(1, Ordering::Relaxed);
             by_class.fetch_add(1, Ordering::Relaxed);
             let wait = retry_after_s(r.waiting, r.waiting_tokens, r.rates, r.bounds);
-            return Err(Refused::QueueFull {
+            return Err(Refused::QueueFull(QueueFull {
                 bound: r.bound,
                 class,
                 queued: r.waiting,
@@ -432,7 +437,7 @@ impl Admission {
                 queued_tokens_max: r.bounds.queued_tokens_max,
                 prompt_tokens: tokens,
                 retry_after_s: wait,
-            });
+            }));
         }
         match self.tx[class.index()].try_send(job) {
             Ok(()) => {
@@ -452,26 +457,8 @@ impl Admission {
 
 #[cfg(test)]
 mod tests {
+    use super::bounds::tests::{policy, RATES};
     use super::*;
-    use std::time::Duration;
-
-    const RATES: Rates = Rates {
-        prefill_tok_s: 200.0,
-        decode_tok_s: 150.0,
-    };
-    const TYPICAL: Typical = Typical {
-        prompt_tokens: 100,
-        max_tokens: 150,
-    };
-
-    fn policy(wait_ms: u64, depth: Option<usize>) -> Policy {
-        Policy {
-            typical: TYPICAL,
-            queue_wait: Duration::from_millis(wait_ms),
-            queue_depth: depth,
-            queued_tokens_max: None,
-        }
-    }
 
     fn gauge(slots: usize, depth: usize, tokens: usize) -> Arc<QueueGauge> {
         let p = Policy {

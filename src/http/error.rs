@@ -4,8 +4,7 @@
 //! `code` is a stable string that also serves as a metrics label; messages name
 //! the limit and the value given.
 
-use crate::admission::{QueueBound, Refused};
-use crate::priority::Class;
+use crate::admission::{QueueBound, QueueFull, Refused};
 use crate::stream::ShedReason;
 use serde_json::json;
 
@@ -39,16 +38,7 @@ pub enum ApiError {
         path: String,
     },
     /// Admitting the request would break a queue bound.
-    QueueFull {
-        bound: QueueBound,
-        class: Class,
-        queued: usize,
-        queue_depth_max: usize,
-        queued_tokens: usize,
-        queued_tokens_max: usize,
-        prompt_tokens: usize,
-        retry_after_s: u64,
-    },
+    QueueFull(QueueFull),
     /// The client's token bucket holds less work than the request costs: a rate
     /// limit on this client, not overload of the server (`rate_limit_exceeded`;
     /// overload is `queue_full`, `queue_token_budget` or a 503).
@@ -103,25 +93,7 @@ pub enum ApiError {
 impl From<Refused> for ApiError {
     fn from(r: Refused) -> ApiError {
         match r {
-            Refused::QueueFull {
-                bound,
-                class,
-                queued,
-                queue_depth_max,
-                queued_tokens,
-                queued_tokens_max,
-                prompt_tokens,
-                retry_after_s,
-            } => ApiError::QueueFull {
-                bound,
-                class,
-                queued,
-                queue_depth_max,
-                queued_tokens,
-                queued_tokens_max,
-                prompt_tokens,
-                retry_after_s,
-            },
+            Refused::QueueFull(q) => ApiError::QueueFull(q),
             Refused::EngineStopped => ApiError::Engine {
                 message: "the engine is not taking requests".into(),
             },
@@ -144,7 +116,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::UnsupportedMediaType { .. } => 415,
-            ApiError::QueueFull { .. } | ApiError::RateLimited { .. } => 429,
+            ApiError::QueueFull(_) | ApiError::RateLimited { .. } => 429,
             ApiError::Unauthorized { .. } => 401,
             ApiError::Engine { .. } => 500,
             ApiError::Shed { .. } => 503,
@@ -165,14 +137,14 @@ impl ApiError {
             ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
             ApiError::NotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
-            ApiError::QueueFull {
+            ApiError::QueueFull(QueueFull {
                 bound: QueueBound::Requests,
                 ..
-            } => "queue_full",
-            ApiError::QueueFull {
+            }) => "queue_full",
+            ApiError::QueueFull(QueueFull {
                 bound: QueueBound::Tokens,
                 ..
-            } => "queue_token_budget",
+            }) => "queue_token_budget",
             ApiError::RateLimited { .. } => "rate_limit_exceeded",
             ApiError::Unauthorized { .. } => "invalid_api_key",
             ApiError::Engine { .. } => "engine_error",
@@ -188,7 +160,7 @@ impl ApiError {
 
     fn kind(&self) -> &'static str {
         match self {
-            ApiError::QueueFull { .. }
+            ApiError::QueueFull(_)
             | ApiError::Shed { .. }
             | ApiError::Draining
             | ApiError::ShuttingDown => "overloaded_error",
@@ -221,14 +193,14 @@ impl ApiError {
             }
             ApiError::NotFound { path } => format!("no route for {path}"),
             ApiError::MethodNotAllowed { method, path } => format!("{method} is not allowed on {path}"),
-            ApiError::QueueFull {
+            ApiError::QueueFull(QueueFull {
                 bound: QueueBound::Requests,
                 class,
                 queued,
                 queue_depth_max,
                 retry_after_s,
                 ..
-            } => format!(
+            }) => format!(
                 "server is at capacity: {queued} requests are waiting ahead of this {} request, the most \
                  this server queues (its {} queue depth is {queue_depth_max}); estimated wait \
                  {retry_after_s} s, retry after that",
@@ -258,14 +230,14 @@ impl ApiError {
                 "this server requires an API key: send 'Authorization: Bearer <key>'".into()
             }
             ApiError::Unauthorized { missing: false } => "the API key is not valid".into(),
-            ApiError::QueueFull {
+            ApiError::QueueFull(QueueFull {
                 bound: QueueBound::Tokens,
                 queued_tokens,
                 queued_tokens_max,
                 prompt_tokens,
                 retry_after_s,
                 ..
-            } => format!(
+            }) => format!(
                 "server is at capacity: {queued_tokens} prompt tokens are waiting and this prompt has \
                  {prompt_tokens}; the queued-token budget is {queued_tokens_max}; estimated wait \
                  {retry_after_s} s, retry after that"
@@ -288,9 +260,8 @@ impl ApiError {
 
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {
-            ApiError::QueueFull { retry_after_s, .. } | ApiError::Shed { retry_after_s, .. } => {
-                Some(*retry_after_s)
-            }
+            ApiError::QueueFull(QueueFull { retry_after_s, .. })
+            | ApiError::Shed { retry_after_s, .. } => Some(*retry_after_s),
             ApiError::RateLimited { retry_after_s, .. } => *retry_after_s,
             ApiError::Draining | ApiError::ShuttingDown => Some(DRAIN_RETRY_AFTER_S),
             _ => None,
@@ -324,7 +295,7 @@ impl ApiError {
                 "retry_after_s": retry_after_s,
             });
         }
-        if let ApiError::QueueFull {
+        if let ApiError::QueueFull(QueueFull {
             class,
             queued,
             queue_depth_max,
@@ -332,7 +303,7 @@ impl ApiError {
             queued_tokens_max,
             retry_after_s,
             ..
-        } = self
+        }) = self
         {
             v["error"]["queue"] = json!({
                 "class": class.as_str(),
@@ -348,6 +319,7 @@ impl ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::priority::Class;
 
     #[test]
     fn errors_have_openai_shape_and_stable_codes() {
@@ -361,7 +333,7 @@ mod tests {
 
     #[test]
     fn queue_full_is_429_with_retry_after() {
-        let e = ApiError::QueueFull {
+        let e = ApiError::QueueFull(QueueFull {
             bound: QueueBound::Requests,
             class: Class::Interactive,
             queued: 4,
@@ -370,7 +342,7 @@ mod tests {
             queued_tokens_max: 1000,
             prompt_tokens: 20,
             retry_after_s: 6,
-        };
+        });
         assert_eq!(e.status(), 429);
         assert_eq!(e.retry_after_s(), Some(6));
         assert!(
@@ -381,7 +353,7 @@ mod tests {
         let v = e.to_json();
         assert_eq!(v["error"]["code"], "queue_full");
         assert_eq!(v["error"]["queue"]["estimated_wait_s"], 6);
-        let t = ApiError::QueueFull {
+        let t = ApiError::QueueFull(QueueFull {
             bound: QueueBound::Tokens,
             class: Class::Batch,
             queued: 1,
@@ -390,7 +362,7 @@ mod tests {
             queued_tokens_max: 1000,
             prompt_tokens: 300,
             retry_after_s: 5,
-        };
+        });
         assert_eq!(t.code(), "queue_token_budget");
         assert!(t.message().contains("budget is 1000"), "{}", t.message());
     }
@@ -423,7 +395,7 @@ mod tests {
             retry_after_s: None,
         };
         assert_eq!(never.retry_after_s(), None, "no wait helps");
-        let overload = ApiError::QueueFull {
+        let overload = ApiError::QueueFull(QueueFull {
             bound: QueueBound::Requests,
             class: Class::Batch,
             queued: 4,
@@ -432,7 +404,7 @@ mod tests {
             queued_tokens_max: 1000,
             prompt_tokens: 20,
             retry_after_s: 6,
-        };
+        });
         assert_ne!(overload.code(), e.code());
         assert_eq!(overload.to_json()["error"]["type"], "overloaded_error");
         assert_eq!(overload.to_json()["error"]["queue"]["class"], "batch");
