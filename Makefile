@@ -25,9 +25,11 @@ model:
 build:
 	$(CARGO) build --release --workspace
 
-# Pure logic (planner, detokenizer, validation, SSE framing, ...), in parallel.
+# Pure logic (planner, detokenizer, validation, SSE framing, ...), in parallel;
+# then the vendored tiny_http's (request parsing and framing).
 unit: deps
 	$(CARGO) test --release --workspace --bins --lib
+	$(CARGO) test --release -p tiny_http --lib
 
 # The real binary and the real model over real sockets; one at a time, since
 # each test's server uses every core. `build` provides the sluice-bench binary.

@@ -73,7 +73,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     let signals = ffi::catch_stop_signals();
     let notifier = Notifier::from_env();
     ffi::backend_init(cfg.verbose);
-    ffi::raise_nofile_limit();
+    let nofile = ffi::raise_nofile_limit();
     ffi::return_large_blocks_to_the_kernel(LARGE_BLOCK_BYTES);
     let model = Arc::new(engine::load_model(&cfg.model, cfg.mmap)?);
     let n_ctx_train = model.n_ctx_train() as usize;
@@ -185,7 +185,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         (Some(r), _) if cfg.rates_fixed => (r, CostModel::from_rates(r, cfg.parallel).frozen()),
         (Some(r), _) => (r, CostModel::from_rates(r, cfg.parallel)),
         (None, Some(c)) => {
-            eprintln!(
+            crate::say!(
                 "sluice: calibration ({:.1} s): prefill {:.0} tok/s in {}-token chunks; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}{}",
                 c.seconds, c.prefill_tok_s, cfg.n_batch(), c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel,
                 c.save_s_per_run.map_or(String::new(), |s| match cfg.kv_layout {
@@ -209,6 +209,8 @@ fn serve(cfg: Config) -> Result<(), String> {
     };
     let policies = Class::ALL.map(|c| cfg.policy(c));
     let http_threads = cfg.http_threads()?;
+    let max_connections = cfg.max_connections(http_threads, nofile)?;
+    let http_queue_depth = cfg.http_queue_depth.unwrap_or(http_threads);
     let (admission, jobs, gauge) = Admission::new(
         cfg.parallel,
         cfg.batch_slots(),
@@ -217,7 +219,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         Arc::clone(&metrics),
     );
     let (_, [bounds, batch_bounds]) = gauge.snapshot();
-    eprintln!(
+    crate::say!(
         "sluice: admission: mu = {:.3} requests/s (typical request {} + {} tokens until completed requests say otherwise), W_max = {} ms, L_max = {}{}; queued prompt tokens <= {}{} (mu_prefill {:.0} tok/s x W_max); {}",
         bounds.mu_req,
         cfg.typical.prompt_tokens,
@@ -234,7 +236,7 @@ fn serve(cfg: Config) -> Result<(), String> {
             "refined online from every step and every completed request"
         }
     );
-    eprintln!(
+    crate::say!(
         "sluice: priority: batch requests (X-Priority: batch) wait in their own queue: W_max = {} ms, L_max = {}, queued prompt tokens <= {}; they may hold {} of {} slots ({} kept for interactive) and {} KV cells; at least 1 start in {} goes to batch while both wait",
         cfg.batch_queue_wait.as_millis(),
         batch_bounds.queue_depth_max,
@@ -246,35 +248,35 @@ fn serve(cfg: Config) -> Result<(), String> {
         cfg.batch_every
     );
     match &cfg.api_keys {
-        Some(keys) => eprintln!(
+        Some(keys) => crate::say!(
             "sluice: API keys: {} known (--api-key-file); requests without one get 401",
             keys.len()
         ),
-        None => eprintln!("sluice: API keys: none required"),
+        None => crate::say!("sluice: API keys: none required"),
     }
     match cfg.client_limit {
-        Some(l) => eprintln!(
+        Some(l) => crate::say!(
             "sluice: rate limit per client (API key, or address): {} tokens of work/s, bucket {} tokens; {} clients kept at most",
             l.rate_tok_s, l.burst, cfg.client_table_max
         ),
         None if cfg.api_keys.is_some() => {
-            eprintln!("sluice: rate limit per client: off, except for keys that set one")
+            crate::say!("sluice: rate limit per client: off, except for keys that set one")
         }
-        None => eprintln!("sluice: rate limit per client: off"),
+        None => crate::say!("sluice: rate limit per client: off"),
     }
     match cfg.shed {
-        Some((target, interval)) => eprintln!(
+        Some((target, interval)) => crate::say!(
             "sluice: shedding: sojourn target {} ms over {} ms intervals (CoDel); past the target, a request starts only if its first token can come within W_max",
             target.as_millis(),
             interval.as_millis()
         ),
-        None => eprintln!("sluice: shedding off (--no-shed)"),
+        None => crate::say!("sluice: shedding off (--no-shed)"),
     }
     let prefix = PrefixCache::new(cfg.prefix_cache_mb << 20);
     let prefix_index = prefix.index();
     match cfg.prefix_cache_mb {
-        0 => eprintln!("sluice: prefix cache: off (--prefix-cache-mb 0)"),
-        n => eprintln!(
+        0 => crate::say!("sluice: prefix cache: off (--prefix-cache-mb 0)"),
+        n => crate::say!(
             "sluice: prefix cache: finished sequences' KV state kept in up to {n} MiB of memory (least recently used evicted first) for requests that start with the same tokens"
         ),
     }
@@ -296,7 +298,7 @@ fn serve(cfg: Config) -> Result<(), String> {
             "ChatML (fallback: the model's template is missing or not recognised)"
         }
     };
-    eprintln!(
+    crate::say!(
         "sluice: model {} ({}), context {n_ctx} tokens (trained {n_ctx_train}), chat: {template}",
         cfg.model.display(),
         model.description()
@@ -309,8 +311,8 @@ fn serve(cfg: Config) -> Result<(), String> {
             cfg.n_batch()
         ),
     };
-    eprintln!(
-        "sluice: {} compute threads pinned to CPUs {:?}; {} parallel sequences; {step}; {} HTTP handlers",
+    crate::say!(
+        "sluice: {} compute threads pinned to CPUs {:?}; {} parallel sequences; {step}; {} HTTP handlers, at most {max_connections} connections, {http_queue_depth} requests waiting for a handler",
         cfg.cpus.len(),
         cfg.cpus,
         cfg.parallel,
@@ -345,6 +347,13 @@ fn serve(cfg: Config) -> Result<(), String> {
         },
         limiter: RateLimiter::new(cfg.client_table_max),
         http_threads,
+        max_connections,
+        http_queue_depth,
+        handlers_busy: AtomicUsize::new(0),
+        handler_panics: AtomicU64::new(0),
+        test_panic_hook: std::env::var("SLUICE_TEST_HOOKS")
+            .is_ok_and(|v| v.split(',').any(|h| h.trim() == "panic")),
+        front: std::sync::OnceLock::new(),
         next_id: AtomicU64::new(1),
         started_unix_s: SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -353,7 +362,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         cfg,
     });
     let front = http::start(Arc::clone(&state), listener)?;
-    eprintln!("sluice: listening on http://{local}");
+    crate::say!("sluice: listening on http://{local}");
     notifier.notify(&format!("READY=1\n{status}"));
 
     // Until a stop signal: watch the engine, and pet systemd's watchdog only
@@ -400,7 +409,7 @@ fn drain(
     state.stopping.store(true, Ordering::SeqCst);
     notifier.notify("STOPPING=1\nSTATUS=draining");
     if !notice.is_zero() {
-        eprintln!(
+        crate::say!(
             "sluice: stopping: not ready; new requests are still served for {} ms (--drain-notice-ms)",
             notice.as_millis()
         );
@@ -408,14 +417,14 @@ fn drain(
     }
     state.draining.store(true, Ordering::SeqCst);
     let n = state.in_flight.load(Ordering::SeqCst);
-    eprintln!(
+    crate::say!(
         "sluice: draining: {n} requests in flight may finish within {} ms; new ones get 503 (a second signal exits at once)",
         timeout.as_millis()
     );
     let deadline = Instant::now() + timeout;
     while state.in_flight.load(Ordering::SeqCst) > 0 {
         if Instant::now() >= deadline && !engine_stop.is_shutdown() {
-            eprintln!(
+            crate::say!(
                 "sluice: drain timeout: cancelling {} requests",
                 state.in_flight.load(Ordering::SeqCst)
             );
@@ -426,7 +435,7 @@ fn drain(
         }
         std::thread::sleep(MAIN_TICK);
     }
-    eprintln!("sluice: drained; exiting");
+    crate::say!("sluice: drained; exiting");
 }
 
 /// Flash attention and the KV type, by timing each of `candidates` on this
@@ -506,7 +515,7 @@ fn measure_attention(
         match timing(c, 2.0 * best) {
             Ok(t) => timings.push(t),
             Err(e) => {
-                eprintln!(
+                crate::say!(
                     "sluice: attention: flash attention {} (measuring {} failed: {e})",
                     name(candidates[0]),
                     name(c)
@@ -528,7 +537,7 @@ fn measure_attention(
             )
         })
         .collect();
-    eprintln!(
+    crate::say!(
         "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}, one decode token/a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
         name(chosen),
         started.elapsed().as_secs_f64(),

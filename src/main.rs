@@ -6,7 +6,7 @@ fn main() {
     match sluice::app::run() {
         Ok(()) => {}
         Err(message) => {
-            eprintln!("sluice: error: {message}");
+            sluice::say!("sluice: error: {message}");
             std::process::exit(1);
         }
     }

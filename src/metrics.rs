@@ -91,6 +91,8 @@ pub struct Metrics {
     classes: [ClassCounters; Class::COUNT],
     /// Requests refused with 401 (`--api-key-file`).
     pub unauthorized: AtomicU64,
+    /// Requests refused with 403: a `Host` or `Origin` not allowed.
+    pub forbidden: AtomicU64,
     /// Requests that passed validation and entered the admission queue.
     pub accepted: AtomicU64,
     /// Requests refused because the admission queue was full.
@@ -173,6 +175,7 @@ impl Default for Metrics {
         Metrics {
             classes: Default::default(),
             unauthorized: AtomicU64::new(0),
+            forbidden: AtomicU64::new(0),
             accepted: AtomicU64::new(0),
             rejected_queue_full: AtomicU64::new(0),
             rejected_token_budget: AtomicU64::new(0),
@@ -381,12 +384,14 @@ impl Metrics {
              sluice_requests_rejected_total{{reason=\"token_budget\"}} {}\n\
              sluice_requests_rejected_total{{reason=\"invalid\"}} {}\n\
              sluice_requests_rejected_total{{reason=\"rate_limited\"}} {}\n\
-             sluice_requests_rejected_total{{reason=\"unauthorized\"}} {}",
+             sluice_requests_rejected_total{{reason=\"unauthorized\"}} {}\n\
+             sluice_requests_rejected_total{{reason=\"forbidden\"}} {}",
             l(&self.rejected_queue_full),
             l(&self.rejected_token_budget),
             l(&self.invalid),
             self.classes.iter().map(|c| l(&c.rate_limited)).sum::<u64>(),
-            l(&self.unauthorized)
+            l(&self.unauthorized),
+            l(&self.forbidden)
         );
         counter(
             &mut out,

@@ -123,7 +123,12 @@ pub fn write_request(
     body: Option<&[u8]>,
     headers: &[(&str, &str)],
 ) -> io::Result<()> {
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: sluice\r\nConnection: close\r\n");
+    // The address connected to, as a browser or curl would send it (a server
+    // that guards against DNS rebinding answers only to names it knows).
+    let host = s
+        .peer_addr()
+        .map_or_else(|_| "localhost".to_string(), |a| a.to_string());
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
     }

@@ -184,11 +184,38 @@ pub struct ServeArgs {
     /// milliseconds; also the socket send timeout (default: 30000)
     #[argh(option, default = "30_000")]
     pub stall_timeout_ms: u64,
-    /// a client that sends nothing for this long is disconnected (idle
-    /// keep-alive, slow headers), and a request body must arrive within it, in
-    /// milliseconds (default: 10000)
+    /// a request body must arrive whole within this, counted from the end of
+    /// its head (else 408), in milliseconds (default: 10000)
     #[argh(option, default = "10_000")]
     pub client_timeout_ms: u64,
+    /// a request head (request line and headers) must arrive whole within
+    /// this, counted from accept or, on a kept-alive connection, from its first
+    /// byte (else 408 and close), in milliseconds (default: 10000)
+    #[argh(option, default = "10_000")]
+    pub header_timeout_ms: u64,
+    /// an idle kept-alive connection is closed after this, in milliseconds
+    /// (default: 5000)
+    #[argh(option, default = "5_000")]
+    pub keep_alive_ms: u64,
+    /// most open connections; at the bound, the connection waiting longest on
+    /// its client is closed for room, and with none waiting a new one gets 503
+    /// (default: 16 per handler thread, 64 to 1024, within the descriptor limit)
+    #[argh(option)]
+    pub max_connections: Option<usize>,
+    /// requests read whole and waiting for a handler; over it, 503 at once
+    /// (default: the handler threads)
+    #[argh(option)]
+    pub http_queue_depth: Option<usize>,
+    /// host names (comma-separated) besides IP addresses, localhost, this
+    /// machine's name and --host that requests may carry; others get 403,
+    /// against DNS rebinding; '*' allows any (default: none)
+    #[argh(option, default = "String::new()")]
+    pub allowed_hosts: String,
+    /// origins (comma-separated, e.g. http://localhost:3000) whose browser
+    /// pages may call the API, with CORS; requests from other origins get 403;
+    /// '*' allows any (default: none, same-origin only)
+    #[argh(option, default = "String::new()")]
+    pub allowed_origins: String,
     /// on SIGTERM or SIGINT, how long sluice stays not ready while still
     /// serving new requests, before it refuses them: time for a load
     /// balancer's health checks to take it out of rotation, in milliseconds

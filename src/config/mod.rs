@@ -36,6 +36,18 @@ const _: () = assert!(PARALLEL_MAX <= STEP_TOKENS_CEILING);
 pub const HTTP_SPARE_THREADS: usize = 4;
 /// Most handler threads (`--http-threads`).
 pub const HTTP_THREADS_MAX: usize = 8192;
+/// Most `--max-connections`.
+pub const CONNECTIONS_MAX: usize = 1 << 20;
+/// The derived `--max-connections`: this many per handler thread, within
+/// `CONNECTIONS_DERIVED_MIN..=CONNECTIONS_DERIVED_MAX`.
+pub const CONNECTIONS_PER_HANDLER: usize = 16;
+pub const CONNECTIONS_DERIVED_MIN: usize = 64;
+pub const CONNECTIONS_DERIVED_MAX: usize = 1024;
+/// File descriptors a connection may hold (its socket, the clone its
+/// responses are written through, and the duplicate a waiting handler probes).
+pub const FDS_PER_CONNECTION: usize = 3;
+/// Descriptors kept for everything else (model file, logs, listener, spares).
+pub const FDS_RESERVED: usize = 64;
 /// Longest duration a millisecond flag may give (W_max, timeouts): an hour.
 pub const DURATION_MS_MAX: u64 = 3_600_000;
 /// Longest `--drain-notice-ms`: ten minutes; a load balancer checks readiness
@@ -59,8 +71,10 @@ pub const CTX_TOKENS_MIN: usize = 16;
 pub const POLL_MAX: u32 = 100;
 
 mod args;
+mod callers;
 
 pub use args::*;
+pub use callers::Callers;
 
 impl Config {
     /// Handler threads: as given, or enough for every running and queued request
@@ -77,6 +91,24 @@ impl Config {
             format!("{e} (handlers of running and queued requests, plus one for /health)")
         })?;
         Ok(n)
+    }
+
+    /// Most open connections: as given, or 16 per handler thread (64 to
+    /// 1024); either way no more than the descriptor limit `nofile` allows.
+    pub fn max_connections(&self, http_threads: usize, nofile: u64) -> Result<usize, String> {
+        let fd_room = (nofile as usize).saturating_sub(FDS_RESERVED) / FDS_PER_CONNECTION;
+        match self.max_connections {
+            Some(n) if n > fd_room => Err(format!(
+                "--max-connections {n} needs about {} file descriptors, and the limit is {nofile} (raise it, e.g. LimitNOFILE= in the unit)",
+                n * FDS_PER_CONNECTION + FDS_RESERVED
+            )),
+            Some(n) => Ok(n),
+            None => {
+                let derived = (http_threads * CONNECTIONS_PER_HANDLER)
+                    .clamp(CONNECTIONS_DERIVED_MIN, CONNECTIONS_DERIVED_MAX);
+                Ok(derived.min(fd_room).max(1))
+            }
+        }
     }
 
     /// How admission derives the bounds of a class.
@@ -174,6 +206,14 @@ pub struct Config {
     pub drain_timeout: Duration,
     pub drain_notice: Duration,
     pub client_timeout: Duration,
+    pub header_timeout: Duration,
+    pub keep_alive: Duration,
+    /// `None`: derived from the handler threads and the descriptor limit.
+    pub max_connections: Option<usize>,
+    /// `None`: the handler threads.
+    pub http_queue_depth: Option<usize>,
+    /// Who may call (`--allowed-hosts`, `--allowed-origins`).
+    pub callers: Callers,
     pub send_buffer_bytes: usize,
     /// `None`: parallel + queue depth + spare, once the depth is known.
     pub http_threads: Option<usize>,
@@ -354,6 +394,26 @@ impl Config {
         if a.request_timeout_ms == 0 {
             return Err("--request-timeout-ms must be positive".into());
         }
+        check_range(
+            "--header-timeout-ms",
+            a.header_timeout_ms,
+            1,
+            DURATION_MS_MAX,
+        )?;
+        check_range("--keep-alive-ms", a.keep_alive_ms, 1, DURATION_MS_MAX)?;
+        if let Some(n) = a.max_connections {
+            check_range("--max-connections", n, 1, CONNECTIONS_MAX)?;
+        }
+        if let Some(n) = a.http_queue_depth {
+            check_range("--http-queue-depth", n, 1, HTTP_THREADS_MAX)?;
+        }
+        let machine = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+        let callers = Callers::parse(
+            &a.host,
+            &a.allowed_hosts,
+            &a.allowed_origins,
+            machine.as_deref().map(str::trim),
+        )?;
         check_range("--poll", a.poll, 0, POLL_MAX)?;
         if let Some(n) = a.http_threads {
             check_range("--http-threads", n, 2, HTTP_THREADS_MAX)?;
@@ -403,6 +463,11 @@ impl Config {
             drain_timeout: Duration::from_millis(a.drain_timeout_ms),
             drain_notice: Duration::from_millis(a.drain_notice_ms),
             client_timeout: Duration::from_millis(a.client_timeout_ms),
+            header_timeout: Duration::from_millis(a.header_timeout_ms),
+            keep_alive: Duration::from_millis(a.keep_alive_ms),
+            max_connections: a.max_connections,
+            http_queue_depth: a.http_queue_depth,
+            callers,
             send_buffer_bytes: a.send_buffer_bytes,
             http_threads: a.http_threads,
             poll: a.poll,

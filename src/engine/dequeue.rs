@@ -263,7 +263,7 @@ impl Engine {
                 if restored {
                     ctx.truncate_sequence(seq_id, reuse as i32);
                 } else {
-                    eprintln!(
+                    crate::say!(
                         "sluice: request {}: the prefix cache entry could not be restored; prefilling its prompt",
                         job.id
                     );

@@ -529,7 +529,7 @@ impl Engine {
                 }
                 return None;
             }
-            eprintln!(
+            crate::say!(
                 "sluice: decode of a {}-token step failed: {e:?}",
                 self.batch.len()
             );

@@ -173,7 +173,7 @@ impl Engine {
         let Some(seq) = self.slots[slot].as_mut() else {
             return;
         };
-        eprintln!("sluice: request {} failed: {message}", seq.job.id);
+        crate::say!("sluice: request {} failed: {message}", seq.job.id);
         seq.outbox.clear();
         seq.outbox.push_back(Event::Error {
             kind: ErrorKind::Engine,

@@ -30,7 +30,7 @@ pub fn backend_init(verbose: bool) {
         sys::llama_log_set(Some(log_callback), std::ptr::null_mut());
         sys::llama_backend_init();
         if !lazy_zero::install() {
-            eprintln!(
+            crate::say!(
                 "sluice: ggml's CPU buffers are not laid out as expected; KV memory is cleared by writing it (all of it resident)"
             );
         }

@@ -33,6 +33,14 @@ pub enum ApiError {
     NotFound {
         path: String,
     },
+    /// The request's `Host` is not one this server answers to (DNS rebinding).
+    ForbiddenHost {
+        host: String,
+    },
+    /// The request comes from a browser page of an origin not allowed to call.
+    ForbiddenOrigin {
+        origin: String,
+    },
     MethodNotAllowed {
         method: String,
         path: String,
@@ -113,6 +121,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { .. } | ApiError::ContextLength { .. } => 400,
             ApiError::NotFound { .. } => 404,
+            ApiError::ForbiddenHost { .. } | ApiError::ForbiddenOrigin { .. } => 403,
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::UnsupportedMediaType { .. } => 415,
@@ -136,6 +145,8 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => "body_too_large",
             ApiError::UnsupportedMediaType { .. } => "unsupported_media_type",
             ApiError::NotFound { .. } => "not_found",
+            ApiError::ForbiddenHost { .. } => "forbidden_host",
+            ApiError::ForbiddenOrigin { .. } => "forbidden_origin",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::QueueFull(QueueFull {
                 bound: QueueBound::Requests,
@@ -192,6 +203,12 @@ impl ApiError {
                 format!("Content-Type is '{given}'; send application/json")
             }
             ApiError::NotFound { path } => format!("no route for {path}"),
+            ApiError::ForbiddenHost { host } => format!(
+                "Host '{host}' is not a name this server answers to; add it with --allowed-hosts"
+            ),
+            ApiError::ForbiddenOrigin { origin } => format!(
+                "pages of origin '{origin}' may not call this server; allow it with --allowed-origins"
+            ),
             ApiError::MethodNotAllowed { method, path } => format!("{method} is not allowed on {path}"),
             ApiError::QueueFull(QueueFull {
                 bound: QueueBound::Requests,

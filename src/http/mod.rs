@@ -11,6 +11,7 @@
 //! and parse requests and never compute); they are named `sluice-conn`.
 
 pub mod error;
+mod guard;
 pub mod openai;
 pub mod prompt;
 mod reply;
@@ -31,7 +32,7 @@ use error::ApiError;
 use prompt::Prompter;
 use serde_json::{json, Value};
 use std::net::TcpListener;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -47,6 +48,12 @@ pub const HEADER_LINE_BYTES_MAX: usize = 8 * 1024;
 pub const HEADERS_MAX: usize = 100;
 /// Most bytes of header lines in all; over it, 431.
 pub const HEADER_BYTES_MAX: usize = 32 * 1024;
+/// After a refusal whose request was not read to its end (413, 400), the
+/// connection discards what the client still sends for at most this long and
+/// this many bytes before it closes, so that the client reads the refusal
+/// rather than a reset (nginx's lingering close).
+pub const LINGER: Duration = Duration::from_secs(10);
+pub const LINGER_BYTES_MAX: usize = 64 << 20;
 
 /// Everything a handler thread needs.
 pub struct AppState {
@@ -60,6 +67,19 @@ pub struct AppState {
     pub queue: Arc<QueueGauge>,
     pub metrics: Arc<Metrics>,
     pub http_threads: usize,
+    /// Most open connections (`--max-connections`, or derived).
+    pub max_connections: usize,
+    /// Requests read whole and waiting for a handler, at most.
+    pub http_queue_depth: usize,
+    /// Handlers inside a request now.
+    pub handlers_busy: AtomicUsize,
+    /// Handler panics caught (each answered 500; the handler goes on).
+    pub handler_panics: AtomicU64,
+    /// `SLUICE_TEST_HOOKS=panic`: a request with `X-Sluice-Test-Panic` makes
+    /// its handler panic (for the test that handlers survive it).
+    pub test_panic_hook: bool,
+    /// The HTTP front's counters, once it runs.
+    pub front: std::sync::OnceLock<Arc<Server>>,
     /// KV cells in the context: no request may need more.
     pub n_ctx: usize,
     /// Most tokens one request may span (prompt + max_tokens): the KV cells,
@@ -108,18 +128,28 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
     // tiny_http's threads (accept loop, connection pool) inherit the name of the
     // thread that creates them.
     ffi::set_current_thread_name("sluice-conn");
-    // What a client may send is enforced on its connection's thread: a slow or
-    // oversized request never holds a handler (tiny_http patched for it).
+    // What a client may send, and how long it may take, is enforced on its
+    // connection's thread: a slow, oversized or malformed request never holds
+    // a handler, and a connection has one request in flight at most (tiny_http
+    // patched for it; see vendor/tiny_http/SLUICE-PATCH.md).
     let limits = tiny_http::ConnectionLimits {
-        read_timeout: Some(state.cfg.client_timeout),
+        header_timeout: state.cfg.header_timeout,
+        body_timeout: state.cfg.client_timeout,
+        keep_alive: state.cfg.keep_alive,
+        write_timeout: state.cfg.stall_timeout,
         header_line_bytes_max: HEADER_LINE_BYTES_MAX,
         headers_max: HEADERS_MAX,
         header_bytes_max: HEADER_BYTES_MAX,
-        preread_body_bytes_max: state.cfg.body_bytes_max,
+        body_bytes_max: state.cfg.body_bytes_max,
+        max_connections: state.max_connections,
+        queue_depth: state.http_queue_depth,
+        linger: LINGER,
+        linger_bytes_max: LINGER_BYTES_MAX,
     };
     let server = Server::from_listener_with_limits(listener, None, limits);
     ffi::set_current_thread_name("sluice-main");
     let server = Arc::new(server.map_err(|e| format!("cannot start the HTTP server: {e}"))?);
+    let _ = state.front.set(Arc::clone(&server));
 
     let n = state.http_threads;
     let mut handles = Vec::with_capacity(n);
@@ -135,7 +165,19 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
                 let _ = started.send(());
                 drop(started);
                 while let Ok(req) = server.recv() {
-                    handle(&state, req);
+                    state.handlers_busy.fetch_add(1, Ordering::SeqCst);
+                    // A panic is this request's alone: its `Request` is dropped
+                    // while unwinding, which answers 500, and the handler goes on.
+                    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        handle(&state, req);
+                    }));
+                    state.handlers_busy.fetch_sub(1, Ordering::SeqCst);
+                    if caught.is_err() {
+                        state.handler_panics.fetch_add(1, Ordering::Relaxed);
+                        crate::say!(
+                            "sluice: a handler panicked; the request got 500, the handler goes on"
+                        );
+                    }
                 }
             })
             .map_err(|e| format!("cannot start handler thread: {e}"))?;
@@ -153,9 +195,23 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
     })
 }
 
-fn handle(state: &AppState, req: Request) {
+fn handle(state: &AppState, mut req: Request) {
     let path = req.url().split('?').next().unwrap_or("").to_string();
     let method = req.method().clone();
+    if state.test_panic_hook
+        && req
+            .headers()
+            .iter()
+            .any(|h| h.field.equiv("X-Sluice-Test-Panic"))
+    {
+        panic!("X-Sluice-Test-Panic (SLUICE_TEST_HOOKS=panic)");
+    }
+    if let Err(e) = guard::admit(state, &mut req) {
+        state.metrics.forbidden.fetch_add(1, Ordering::Relaxed);
+        log_refusal(&method, req.url(), &e);
+        respond_error(req, &e);
+        return;
+    }
     match (&method, path.as_str()) {
         // Liveness never depends on load: only a wedged engine makes it fail.
         (Method::Get, "/livez" | "/health") => {
@@ -203,24 +259,43 @@ fn handle(state: &AppState, req: Request) {
         }
         (Method::Post, "/v1/chat/completions") => request::generate(state, req, Api::Chat),
         (Method::Post, "/v1/completions") => request::generate(state, req, Api::Completions),
-        (
-            _,
-            "/health"
-            | "/livez"
-            | "/readyz"
-            | "/v1/models"
-            | "/metrics"
-            | "/v1/chat/completions"
-            | "/v1/completions",
-        ) => {
+        (Method::Options, p) if ROUTES.contains(&p) => {
+            let resp = Response::empty(204).with_header(header("Allow", guard::METHODS));
+            let _ = req.respond(resp);
+        }
+        (_, p) if ROUTES.contains(&p) => {
             let e = ApiError::MethodNotAllowed {
                 method: method.to_string(),
                 path,
             };
+            log_refusal(&method, req.url(), &e);
             respond_error(req, &e);
         }
-        _ => respond_error(req, &ApiError::NotFound { path }),
+        _ => {
+            let e = ApiError::NotFound { path };
+            log_refusal(&method, req.url(), &e);
+            respond_error(req, &e);
+        }
     }
+}
+
+/// Every path the server answers.
+const ROUTES: [&str; 7] = [
+    "/health",
+    "/livez",
+    "/readyz",
+    "/v1/models",
+    "/metrics",
+    "/v1/chat/completions",
+    "/v1/completions",
+];
+
+/// One line for a request refused before routing or routed nowhere (403,
+/// 404, 405): the path, cut to a readable length, and the error code.
+fn log_refusal(method: &Method, url: &str, e: &ApiError) {
+    let shown: String = url.chars().take(120).collect();
+    let cut = if shown.len() < url.len() { "..." } else { "" };
+    crate::say!("sluice: {method} {shown}{cut} {} {}", e.status(), e.code());
 }
 
 /// Why this replica should get no new requests now, if it should not: it is
@@ -286,7 +361,7 @@ fn log_request(path: &str, tags: &str, t0: Instant, o: &Outcome) {
     let ttft = o
         .first_token
         .map_or("-".to_string(), |d| format!("{}", d.as_millis()));
-    eprintln!(
+    crate::say!(
         "sluice: POST {path} {}{tags} prompt={} completion={} ttft_ms={ttft} total_ms={} {}",
         o.status,
         o.usage.prompt_tokens,

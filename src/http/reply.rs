@@ -218,7 +218,10 @@ struct SseSink<'a> {
 impl SseSink<'_> {
     fn out(&mut self) -> Result<&mut sse::SseWriter, WriteFailed> {
         if let Some(req) = self.head.take() {
-            let mut out = sse::SseWriter::start(req.into_writer()).map_err(|e| {
+            let completion = req.completion();
+            let extra = req.response_headers().to_vec();
+            let out = sse::SseWriter::start(req.into_writer(), &extra, Some(completion));
+            let mut out = out.map_err(|e| {
                 self.w.write_failed(&e);
                 WriteFailed
             })?;

@@ -318,11 +318,21 @@ fn prepare(
             });
         }
     }
-    if let Some(ct) = req.headers().iter().find(|h| h.field.equiv("Content-Type")) {
-        let ct = ct.value.as_str().to_ascii_lowercase();
-        if !ct.starts_with("application/json") {
-            return Err(ApiError::UnsupportedMediaType { given: ct });
-        }
+    // application/json only (with parameters such as charset): a POST without
+    // it, or with text/plain or a form type, is what a web page may send
+    // without a CORS preflight.
+    let ct = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("Content-Type"))
+        .map(|h| h.value.as_str().to_ascii_lowercase());
+    let json = ct
+        .as_deref()
+        .is_some_and(|ct| ct.split(';').next().map(str::trim) == Some("application/json"));
+    if !json {
+        return Err(ApiError::UnsupportedMediaType {
+            given: ct.unwrap_or_else(|| "(none)".into()),
+        });
     }
     let mut body = Vec::new();
     req.as_reader()

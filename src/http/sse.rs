@@ -8,15 +8,22 @@
 
 use std::io::{self, Write};
 
-/// The response head for an SSE stream. `Connection` and `Transfer-Encoding` are
-/// written here because tiny_http's `add_header` drops them.
-pub fn head() -> &'static [u8] {
-    b"HTTP/1.1 200 OK\r\n\
+/// The response head for an SSE stream, with `extra` headers (CORS).
+/// `Connection` and `Transfer-Encoding` are written here because tiny_http's
+/// `add_header` drops them.
+pub fn head(extra: &[tiny_http::Header]) -> Vec<u8> {
+    let mut out = b"HTTP/1.1 200 OK\r\n\
       Content-Type: text/event-stream\r\n\
       Cache-Control: no-cache\r\n\
       Connection: keep-alive\r\n\
       X-Accel-Buffering: no\r\n\
-      Transfer-Encoding: chunked\r\n\r\n"
+      Transfer-Encoding: chunked\r\n"
+        .to_vec();
+    for h in extra {
+        out.extend_from_slice(format!("{}: {}\r\n", h.field, h.value).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out
 }
 
 /// One SSE event (`data: ...`), framed as one HTTP chunk.
@@ -37,13 +44,20 @@ pub const END_OF_BODY: &[u8] = b"0\r\n\r\n";
 /// An SSE stream over a socket writer; every call writes and flushes.
 pub struct SseWriter {
     out: Box<dyn Write + Send>,
+    /// Marked once the body has ended, so that the connection may carry
+    /// another request (else it is closed after the stream).
+    completion: Option<tiny_http::Completion>,
 }
 
 impl SseWriter {
-    pub fn start(mut out: Box<dyn Write + Send>) -> io::Result<SseWriter> {
-        out.write_all(head())?;
+    pub fn start(
+        mut out: Box<dyn Write + Send>,
+        extra: &[tiny_http::Header],
+        completion: Option<tiny_http::Completion>,
+    ) -> io::Result<SseWriter> {
+        out.write_all(&head(extra))?;
         out.flush()?;
-        Ok(SseWriter { out })
+        Ok(SseWriter { out, completion })
     }
 
     pub fn event(&mut self, data: &str) -> io::Result<()> {
@@ -60,7 +74,11 @@ impl SseWriter {
     /// Ends the body without `[DONE]`: the stream stopped on an error.
     pub fn end(mut self) -> io::Result<()> {
         self.out.write_all(END_OF_BODY)?;
-        self.out.flush()
+        self.out.flush()?;
+        if let Some(c) = &self.completion {
+            c.done();
+        }
+        Ok(())
     }
 }
 
@@ -115,12 +133,20 @@ mod tests {
             }
         }
         let sink = Shared::default();
-        let mut w = SseWriter::start(Box::new(sink.clone())).unwrap();
+        let cors = tiny_http::Header::from_bytes(&b"Vary"[..], &b"Origin"[..]).unwrap();
+        let completion = tiny_http::Completion::default();
+        let mut w =
+            SseWriter::start(Box::new(sink.clone()), &[cors], Some(completion.clone())).unwrap();
         w.event("{}").unwrap();
         w.done().unwrap();
         let all = sink.0.lock().unwrap().clone();
         let split = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
         assert!(all.starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert!(String::from_utf8_lossy(&all[..split]).contains("\r\nVary: Origin\r\n"));
+        assert!(
+            completion.is_done(),
+            "the ended stream leaves the connection reusable"
+        );
         assert_eq!(dechunk(&all[split..]), b"data: {}\n\ndata: [DONE]\n\n");
     }
 }

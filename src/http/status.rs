@@ -138,7 +138,88 @@ pub(super) fn metrics_text(state: &AppState) -> String {
             state.http_threads as f64,
         ),
     ];
-    state
+    let mut out = state
         .metrics
-        .render(&gauges, &class_gauges, state.limiter.gauges())
+        .render(&gauges, &class_gauges, state.limiter.gauges());
+    front_text(state, &mut out);
+    out
+}
+
+/// The HTTP front: connections against their bound, the handlers, and what
+/// the connections refused before any handler saw a request.
+fn front_text(state: &AppState, out: &mut String) {
+    use std::fmt::Write as _;
+    use std::sync::atomic::Ordering::Relaxed;
+    let Some(server) = state.front.get() else {
+        return;
+    };
+    let st = server.stats();
+    let gauges = [
+        (
+            "sluice_http_connections",
+            "Open HTTP connections.",
+            st.open.load(Relaxed) as f64,
+        ),
+        (
+            "sluice_http_connections_max",
+            "Most open HTTP connections (--max-connections).",
+            state.max_connections as f64,
+        ),
+        (
+            "sluice_http_handlers_busy",
+            "HTTP handler threads inside a request now (besides the one answering this scrape).",
+            // Besides the one answering this scrape.
+            state.handlers_busy.load(Relaxed).saturating_sub(1) as f64,
+        ),
+        (
+            "sluice_http_queue_depth",
+            "Requests read whole and waiting for a handler.",
+            server.queued() as f64,
+        ),
+        (
+            "sluice_http_queue_depth_max",
+            "Most requests waiting for a handler (--http-queue-depth).",
+            state.http_queue_depth as f64,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_http_refused_total Connections and requests the HTTP front refused or cut off before a handler saw them, by reason.\n\
+         # TYPE sluice_http_refused_total counter"
+    );
+    for (reason, n) in [
+        ("connections_full", &st.refused_connections),
+        ("handler_queue_full", &st.refused_queue_full),
+        ("timed_out", &st.timed_out),
+        ("malformed", &st.malformed),
+        ("body_too_large", &st.too_large),
+    ] {
+        let _ = writeln!(
+            out,
+            "sluice_http_refused_total{{reason=\"{reason}\"}} {}",
+            n.load(Relaxed)
+        );
+    }
+    for (name, help, n) in [
+        (
+            "sluice_http_connections_evicted_total",
+            "Connections closed to make room at the bound: the one waiting longest on its client.",
+            st.evicted.load(Relaxed),
+        ),
+        (
+            "sluice_http_write_failures_total",
+            "Responses whose writing failed: the client left, or read nothing within the write deadline.",
+            st.write_failed.load(Relaxed),
+        ),
+        (
+            "sluice_http_handler_panics_total",
+            "Handler panics caught; each request got 500 and its handler went on.",
+            state.handler_panics.load(Relaxed),
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {n}");
+    }
 }

@@ -331,7 +331,7 @@ fn bad_requests_get_a_json_4xx_and_the_server_keeps_serving() {
         use std::io::Write;
         let mut s = connect(srv.addr);
         s.write_all(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n\
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
               Content-Length: 100000000000\r\n\r\n{\"messages\":",
         )
         .unwrap();

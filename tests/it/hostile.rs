@@ -5,7 +5,7 @@ use crate::harness::*;
 use serde_json::json;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Sends raw bytes on a new connection and reads the response's status code
 /// (0 if the server closed without one).
@@ -42,7 +42,7 @@ fn a_16_mib_body_is_refused_from_its_content_length_without_the_memory() {
     let size = 16 << 20;
     let mut s = connect(srv.addr);
     let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {size}\r\n\r\n"
     );
     s.write_all(head.as_bytes()).expect("head");
     // Send the body too, as a client would; the answer comes from the header.
@@ -80,7 +80,7 @@ fn a_16_mib_body_is_refused_from_its_content_length_without_the_memory() {
 #[test]
 fn a_chunked_body_over_the_cap_is_cut_off_with_413() {
     let srv = Server::start(&["--max-body-bytes", "4096"]);
-    let mut req = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
+    let mut req = b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n".to_vec();
     for _ in 0..4 {
         req.extend_from_slice(b"800\r\n");
         req.extend_from_slice(&[b' '; 0x800]);
@@ -95,11 +95,11 @@ fn a_chunked_body_over_the_cap_is_cut_off_with_413() {
 fn headers_too_long_or_too_many_get_431() {
     let srv = Server::start(&[]);
     let long = format!(
-        "GET /livez HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: {}\r\n\r\n",
         "a".repeat(16 * 1024)
     );
     assert_eq!(raw_status(&srv, long.as_bytes()), 431);
-    let mut many = String::from("GET /livez HTTP/1.1\r\nHost: x\r\n");
+    let mut many = String::from("GET /livez HTTP/1.1\r\nHost: 127.0.0.1\r\n");
     for i in 0..200 {
         many.push_str(&format!("X-H{i}: v\r\n"));
     }
@@ -134,6 +134,8 @@ fn slow_senders_hold_no_handler_and_are_cut_off() {
         "1",
         "--client-timeout-ms",
         "3000",
+        "--header-timeout-ms",
+        "3000",
     ]);
     assert_eq!(srv.metric("sluice_http_threads"), 7.0);
     let mut slow: Vec<TcpStream> = (0..10)
@@ -144,21 +146,21 @@ fn slow_senders_hold_no_handler_and_are_cut_off() {
                 s.write_all(b"POST /v1/comp").expect("write");
             } else {
                 // Complete headers, then a body that never comes.
-                s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\"")
+                s.write_all(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"prompt\"")
                     .expect("write");
             }
             s
         })
         .collect();
     std::thread::sleep(Duration::from_millis(300));
-    let started = Instant::now();
     normal_request_completes(&srv);
     normal_request_completes(&srv);
-    // They are cut off after the client timeout: a body that stalls gets 408,
-    // headers that stall are closed.
+    // They are cut off by their deadlines: a head or a body that stalls gets
+    // 408, and the connection is closed.
     let mut statuses = Vec::new();
     for s in slow.iter_mut() {
-        s.set_read_timeout(Some(Duration::from_secs(30)))
+        // A fail-safe: the 408 shows the deadline cut it off.
+        s.set_read_timeout(Some(Duration::from_secs(600)))
             .expect("timeout");
         let mut buf = Vec::new();
         let _ = s.read_to_end(&mut buf);
@@ -170,13 +172,9 @@ fn slow_senders_hold_no_handler_and_are_cut_off() {
                 .to_string(),
         );
     }
-    assert!(started.elapsed() < Duration::from_secs(30));
     for (i, st) in statuses.iter().enumerate() {
-        if i % 2 == 1 {
-            assert_eq!(st, "408", "slow body {i}: {statuses:?}");
-        } else {
-            assert_eq!(st, "closed", "slow headers {i}: {statuses:?}");
-        }
+        let what = if i % 2 == 1 { "body" } else { "headers" };
+        assert_eq!(st, "408", "slow {what} {i}: {statuses:?}");
     }
     normal_request_completes(&srv);
 }

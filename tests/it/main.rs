@@ -8,6 +8,7 @@ mod api;
 mod batching;
 mod bench;
 mod flow;
+mod front;
 mod harness;
 mod hostile;
 mod memory;

@@ -60,6 +60,17 @@ impl std::io::Read for Connection {
         }
     }
 }
+/// sluice patch: reading through a shared reference, so that the accept
+/// thread can hold the same connection (to close it) while its thread reads.
+impl std::io::Read for &Connection {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match *self {
+            Connection::Tcp(s) => (&*s).read(buf),
+            #[cfg(unix)]
+            Connection::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
 impl std::io::Write for Connection {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         match self {
@@ -88,8 +99,8 @@ impl Connection {
         }
     }
 
-    /// sluice patch: a read timeout on an accepted connection (headers, body,
-    /// and idle keep-alive waits all obey it).
+    /// sluice patch: each read waits at most this long (what is left of the
+    /// head's, the body's or the keep-alive's deadline).
     pub(crate) fn set_read_timeout(&self, d: Option<std::time::Duration>) -> std::io::Result<()> {
         match self {
             Self::Tcp(s) => s.set_read_timeout(d),
@@ -98,12 +109,21 @@ impl Connection {
         }
     }
 
-    /// Gets the peer's address. Some for TCP, None for Unix sockets.
-    pub(crate) fn peer_addr(&mut self) -> std::io::Result<Option<SocketAddr>> {
+    /// sluice patch: each write waits at most this long (a response's deadline).
+    pub(crate) fn set_write_timeout(&self, d: Option<std::time::Duration>) -> std::io::Result<()> {
         match self {
-            Self::Tcp(s) => s.peer_addr().map(Some),
+            Self::Tcp(s) => s.set_write_timeout(d),
             #[cfg(unix)]
-            Self::Unix(_) => Ok(None),
+            Self::Unix(s) => s.set_write_timeout(d),
+        }
+    }
+
+    /// sluice patch: for the refusal written from the accept thread.
+    pub(crate) fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        match self {
+            Self::Tcp(s) => s.set_nonblocking(on),
+            #[cfg(unix)]
+            Self::Unix(s) => s.set_nonblocking(on),
         }
     }
 

@@ -91,9 +91,6 @@
 #![deny(rust_2018_idioms)]
 #![allow(clippy::match_like_matches_macro)]
 
-#[cfg(any(feature = "ssl-openssl", feature = "ssl-rustls"))]
-use zeroize::Zeroizing;
-
 use std::error::Error;
 use std::io::Error as IoError;
 use std::io::ErrorKind as IoErrorKind;
@@ -101,66 +98,83 @@ use std::io::Result as IoResult;
 use std::net::{Shutdown, TcpStream, ToSocketAddrs};
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use client::ClientConnection;
 use connection::Connection;
-use util::MessagesQueue;
 
 pub use common::{HTTPVersion, Header, HeaderField, Method, StatusCode};
+pub use conn::{Completion, FrontStats};
 pub use connection::{ConfigListenAddr, ListenAddr, Listener};
 pub use request::{ReadWrite, Request};
 pub use response::{Response, ResponseBox};
 pub use test::TestRequest;
 
-mod client;
 mod common;
+mod conn;
 mod connection;
 mod request;
 mod response;
-mod ssl;
 mod test;
 mod util;
+
+/// sluice patch: what a client may send, and how long it may take, enforced on
+/// the connection's own thread (never on the threads that handle requests).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnectionLimits {
+    /// The whole request head must arrive within this, counted from accept
+    /// (first request) or from its first byte (later ones).
+    pub header_timeout: Duration,
+    /// The whole body must arrive within this, counted from the end of the head.
+    pub body_timeout: Duration,
+    /// An idle keep-alive connection is closed after this.
+    pub keep_alive: Duration,
+    /// Each flush of a response (the whole of a plain one, each event of a
+    /// stream) must be written within this.
+    pub write_timeout: Duration,
+    /// Longest request line (414 over it) or header line (431 over it).
+    pub header_line_bytes_max: usize,
+    /// Most header lines (431 over it).
+    pub headers_max: usize,
+    /// Most bytes of header lines in all (431 over it).
+    pub header_bytes_max: usize,
+    /// Largest body (413 over it).
+    pub body_bytes_max: usize,
+    /// Most connections open at once; a connection over it gets a 503.
+    pub max_connections: usize,
+    /// Most requests read and waiting for a handler; over it, a 503.
+    pub queue_depth: usize,
+    /// After a refusal, discard what the client still sends for at most this long...
+    pub linger: Duration,
+    /// ...and at most this many bytes, so that it reads the refusal, not a reset.
+    pub linger_bytes_max: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(5),
+            write_timeout: Duration::from_secs(30),
+            header_line_bytes_max: 8 * 1024,
+            headers_max: 100,
+            header_bytes_max: 32 * 1024,
+            body_bytes_max: 1024 * 1024,
+            max_connections: 512,
+            queue_depth: 64,
+            linger: Duration::from_secs(5),
+            linger_bytes_max: 64 * 1024 * 1024,
+        }
+    }
+}
 
 /// The main class of this library.
 ///
 /// Destroying this object will immediately close the listening socket and the reading
 ///  part of all the client's connections. Requests that have already been returned by
 ///  the `recv()` function will not close and the responses will be transferred to the client.
-/// sluice patch: what a client may send, enforced on the connection's own
-/// thread (never on the threads that handle requests). The default is
-/// upstream's behaviour: no limits.
-#[derive(Debug, Clone, Copy)]
-pub struct ConnectionLimits {
-    /// Read timeout of each accepted socket: a client that sends nothing for
-    /// this long (headers, body, or an idle keep-alive) is disconnected (408).
-    pub read_timeout: Option<Duration>,
-    /// Longest request line or header line (431 above it).
-    pub header_line_bytes_max: usize,
-    /// Most header lines (431 above it).
-    pub headers_max: usize,
-    /// Most bytes of header lines in all (431 above it).
-    pub header_bytes_max: usize,
-    /// Bodies up to this size are read to their end before the request is
-    /// handed out, within `read_timeout` in all; 0 leaves them unread.
-    pub preread_body_bytes_max: usize,
-}
-
-impl Default for ConnectionLimits {
-    fn default() -> Self {
-        ConnectionLimits {
-            read_timeout: None,
-            header_line_bytes_max: usize::MAX,
-            headers_max: usize::MAX,
-            header_bytes_max: usize::MAX,
-            preread_body_bytes_max: 0,
-        }
-    }
-}
-
 pub struct Server {
     // sluice patch: false once the accept thread has stopped for good
     accepting: Arc<AtomicBool>,
@@ -169,35 +183,22 @@ pub struct Server {
     // when set to true, all the subtasks will close within a few hundreds ms
     close: Arc<AtomicBool>,
 
-    // queue for messages received by child threads
-    messages: Arc<MessagesQueue<Message>>,
+    // sluice patch: the bounded queue of requests read whole, for the handlers
+    messages: crossbeam_channel::Receiver<Request>,
+
+    // sluice patch: counters of the front
+    stats: Arc<FrontStats>,
 
     // result of TcpListener::local_addr()
     listening_addr: ListenAddr,
 }
 
-enum Message {
-    Error(IoError),
-    NewRequest(Request),
-}
-
-impl From<IoError> for Message {
-    fn from(e: IoError) -> Message {
-        Message::Error(e)
-    }
-}
-
-impl From<Request> for Message {
-    fn from(rq: Request) -> Message {
-        Message::NewRequest(rq)
-    }
-}
-
 // this trait is to make sure that Server implements Share and Send
 #[doc(hidden)]
-trait MustBeShareDummy: Sync + Send {}
-#[doc(hidden)]
-impl MustBeShareDummy for Server {}
+const _: fn() = || {
+    fn must_be_share<T: Sync + Send>() {}
+    must_be_share::<Server>();
+};
 
 pub struct IncomingRequests<'a> {
     server: &'a Server,
@@ -232,22 +233,6 @@ impl Server {
         Server::new(ServerConfig {
             addr: ConfigListenAddr::from_socket_addrs(addr)?,
             ssl: None,
-        })
-    }
-
-    /// Shortcut for an HTTPS server on a specific address.
-    #[cfg(any(feature = "ssl-openssl", feature = "ssl-rustls"))]
-    #[inline]
-    pub fn https<A>(
-        addr: A,
-        config: SslConfig,
-    ) -> Result<Server, Box<dyn Error + Send + Sync + 'static>>
-    where
-        A: ToSocketAddrs,
-    {
-        Server::new(ServerConfig {
-            addr: ConfigListenAddr::from_socket_addrs(addr)?,
-            ssl: Some(config),
         })
     }
 
@@ -299,37 +284,20 @@ impl Server {
             (listener, local_addr)
         };
 
-        // building the SSL capabilities
-        #[cfg(all(feature = "ssl-openssl", feature = "ssl-rustls"))]
-        compile_error!(
-            "Features 'ssl-openssl' and 'ssl-rustls' must not be enabled at the same time"
-        );
-        #[cfg(not(any(feature = "ssl-openssl", feature = "ssl-rustls")))]
-        type SslContext = ();
-        #[cfg(any(feature = "ssl-openssl", feature = "ssl-rustls"))]
-        type SslContext = crate::ssl::SslContextImpl;
-        let ssl: Option<SslContext> = {
-            match ssl_config {
-                #[cfg(any(feature = "ssl-openssl", feature = "ssl-rustls"))]
-                Some(config) => Some(SslContext::from_pem(
-                    config.certificate,
-                    Zeroizing::new(config.private_key),
-                )?),
-                #[cfg(not(any(feature = "ssl-openssl", feature = "ssl-rustls")))]
-                Some(_) => return Err(
-                    "Building a server with SSL requires enabling the `ssl` feature in tiny-http"
-                        .into(),
-                ),
-                None => None,
-            }
-        };
-
-        // creating a task where server.accept() is continuously called
-        // and ClientConnection objects are pushed in the messages queue
-        let messages = MessagesQueue::with_capacity(8);
+        // sluice patch: TLS support removed; a proxy in front terminates TLS.
+        if ssl_config.is_some() {
+            return Err("this tiny_http (patched for sluice) serves plain HTTP only".into());
+        }
+        let stats = Arc::new(FrontStats::default());
+        let (queue_tx, queue_rx) = crossbeam_channel::bounded(limits.queue_depth.max(1));
+        let shared = Arc::new(conn::Shared {
+            limits,
+            queue: queue_tx,
+            stats: Arc::clone(&stats),
+            waiting: conn::Waiting::default(),
+        });
 
         let inside_close_trigger = close_trigger.clone();
-        let inside_messages = messages.clone();
         thread::spawn(move || {
             // sluice patch: however this thread ends (a panic included), the
             // server says it no longer accepts.
@@ -344,72 +312,61 @@ impl Server {
             // a tasks pool is used to dispatch the connections into threads
             let tasks_pool = util::TaskPool::new();
 
+            // sluice patch: counts a connection open from accept until its
+            // thread ends (or its task is dropped unrun).
+            struct Open(Arc<FrontStats>);
+            impl Drop for Open {
+                fn drop(&mut self) {
+                    self.0.open.fetch_sub(1, Relaxed);
+                }
+            }
+
             log::debug!("Running accept thread");
             while !inside_close_trigger.load(Relaxed) {
-                let new_client = match server.accept() {
-                    Ok((sock, _)) => {
-                        use util::RefinedTcpStream;
-                        if sock.set_read_timeout(limits.read_timeout).is_err() {
-                            continue;
-                        }
-                        let pair = match ssl {
-                            None => RefinedTcpStream::new(sock),
-                            #[cfg(any(feature = "ssl-openssl", feature = "ssl-rustls"))]
-                            Some(ref ssl) => {
-                                // trying to apply SSL over the connection
-                                // if an error occurs, we just close the socket and resume listening
-                                let sock = match ssl.accept(sock) {
-                                    Ok(s) => s,
-                                    Err(_) => continue,
-                                };
-
-                                RefinedTcpStream::new(sock)
-                            }
-                            #[cfg(not(any(feature = "ssl-openssl", feature = "ssl-rustls")))]
-                            Some(ref _ssl) => unreachable!(),
-                        };
-                        let (read_closable, write_closable) = match pair {
-                            Ok(pair) => pair,
-                            Err(e) => {
-                                // Out of descriptors: this connection is dropped; wait a little.
-                                log::error!("Error setting up a new client (dropped): {}", e);
-                                thread::sleep(Duration::from_millis(50));
-                                continue;
-                            }
-                        };
-
-                        Ok(ClientConnection::with_limits(write_closable, read_closable, limits))
-                    }
-                    Err(e) => Err(e),
-                };
-
-                match new_client {
-                    Ok(client) => {
-                        let messages = inside_messages.clone();
-                        let mut client = Some(client);
-                        tasks_pool.spawn(Box::new(move || {
-                            if let Some(client) = client.take() {
-                                // Synchronization is needed for HTTPS requests to avoid a deadlock
-                                if client.secure() {
-                                    let (sender, receiver) = mpsc::channel();
-                                    for rq in client {
-                                        messages.push(rq.with_notify_sender(sender.clone()).into());
-                                        receiver.recv().unwrap();
+                match server.accept() {
+                    Ok((sock, remote_addr)) => {
+                        // sluice patch: a bound on connections, so on threads.
+                        // At the bound, the connection that has waited longest on
+                        // its client is closed for room; with none waiting, the
+                        // new one is refused.
+                        let stats = &shared.stats;
+                        let max = shared.limits.max_connections;
+                        if stats.open.load(Relaxed) >= max {
+                            let evicted = shared.waiting.evict_oldest();
+                            if evicted {
+                                stats.evicted.fetch_add(1, Relaxed);
+                                // Its thread ends at once (its read returns);
+                                // wait for that, briefly, so that threads stay
+                                // within the bound.
+                                for _ in 0..50 {
+                                    if stats.open.load(Relaxed) < max {
+                                        break;
                                     }
-                                } else {
-                                    for mut rq in client {
-                                        // sluice patch: slow bodies wait here, not in a handler.
-                                        let total = limits.read_timeout;
-                                        let max = limits.preread_body_bytes_max;
-                                        if let Err(status) = rq.preread_body(max, total) {
-                                            let _ = rq.respond(Response::empty(status));
-                                            break;
-                                        }
-                                        messages.push(rq.into());
-                                    }
+                                    thread::sleep(Duration::from_millis(1));
                                 }
                             }
+                            if stats.open.load(Relaxed) >= max {
+                                stats.refused_connections.fetch_add(1, Relaxed);
+                                conn::refuse_at_accept(sock);
+                                continue;
+                            }
+                        }
+                        stats.open.fetch_add(1, Relaxed);
+                        let open = Open(Arc::clone(stats));
+                        let shared = Arc::clone(&shared);
+                        let mut task = Some((sock, open));
+                        let spawned = tasks_pool.spawn(Box::new(move || {
+                            if let Some((sock, open)) = task.take() {
+                                conn::serve(sock, remote_addr, &shared);
+                                drop(open);
+                            }
                         }));
+                        if !spawned {
+                            // No thread for it (the task, and the socket with
+                            // it, was dropped): refused, never a panic.
+                            stats.refused_connections.fetch_add(1, Relaxed);
+                            thread::sleep(Duration::from_millis(10));
+                        }
                     }
 
                     // sluice patch: upstream ended the accept thread on any error
@@ -432,7 +389,8 @@ impl Server {
         // result
         Ok(Server {
             accepting,
-            messages,
+            messages: queue_rx,
+            stats,
             close: close_trigger,
             listening_addr: local_addr,
         })
@@ -460,43 +418,36 @@ impl Server {
     }
 
     /// Returns the number of clients currently connected to the server.
-    pub fn num_connections(&self) -> usize {
-        unimplemented!()
-        //self.requests_receiver.lock().len()
+    /// sluice patch: the front's counters (connections open, refusals).
+    pub fn stats(&self) -> &FrontStats {
+        &self.stats
     }
 
-    /// Blocks until an HTTP request has been submitted and returns it.
+    /// sluice patch: requests read whole and waiting for a handler.
+    pub fn queued(&self) -> usize {
+        self.messages.len()
+    }
+
     pub fn recv(&self) -> IoResult<Request> {
-        match self.messages.pop() {
-            Some(Message::Error(err)) => Err(err),
-            Some(Message::NewRequest(rq)) => Ok(rq),
-            None => Err(IoError::new(IoErrorKind::Other, "thread unblocked")),
-        }
+        self.messages
+            .recv()
+            .map_err(|_| IoError::new(IoErrorKind::Other, "the server has stopped"))
     }
 
-    /// Same as `recv()` but doesn't block longer than timeout
     pub fn recv_timeout(&self, timeout: Duration) -> IoResult<Option<Request>> {
-        match self.messages.pop_timeout(timeout) {
-            Some(Message::Error(err)) => Err(err),
-            Some(Message::NewRequest(rq)) => Ok(Some(rq)),
-            None => Ok(None),
+        match self.messages.recv_timeout(timeout) {
+            Ok(rq) => Ok(Some(rq)),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Ok(None),
+            Err(e) => Err(IoError::new(IoErrorKind::Other, e)),
         }
     }
 
-    /// Same as `recv()` but doesn't block.
     pub fn try_recv(&self) -> IoResult<Option<Request>> {
-        match self.messages.try_pop() {
-            Some(Message::Error(err)) => Err(err),
-            Some(Message::NewRequest(rq)) => Ok(Some(rq)),
-            None => Ok(None),
+        match self.messages.try_recv() {
+            Ok(rq) => Ok(Some(rq)),
+            Err(crossbeam_channel::TryRecvError::Empty) => Ok(None),
+            Err(e) => Err(IoError::new(IoErrorKind::Other, e)),
         }
-    }
-
-    /// Unblock thread stuck in recv() or incoming_requests().
-    /// If there are several such threads, only one is unblocked.
-    /// This method allows graceful shutdown of server.
-    pub fn unblock(&self) {
-        self.messages.unblock();
     }
 }
 

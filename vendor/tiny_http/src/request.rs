@@ -78,6 +78,13 @@ pub struct Request {
 
     // If Some, a message must be sent after responding
     notify_when_responded: Option<Sender<()>>,
+
+    // sluice patch: marked once a whole response is written (the connection
+    // may then carry another request)
+    completion: Option<crate::Completion>,
+
+    // sluice patch: headers every response to this request carries
+    response_headers: Vec<Header>,
 }
 
 struct NotifyOnDrop<R> {
@@ -111,7 +118,7 @@ pub enum RequestCreationError {
     ExpectationFailed,
 
     /// Error while reading data from the socket during the creation of the `Request`.
-    CreationIoError(IoError),
+    CreationIoError(#[allow(dead_code)] IoError),
 }
 
 impl From<IoError> for RequestCreationError {
@@ -244,7 +251,43 @@ where
         body_length: content_length,
         must_send_continue: expects_continue,
         notify_when_responded: None,
+        completion: None,
+        response_headers: Vec::new(),
     })
+}
+
+/// sluice patch: a request whose body the connection has already read whole.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn preread_request<W>(
+    method: Method,
+    path: String,
+    version: HTTPVersion,
+    headers: Vec<Header>,
+    remote_addr: Option<SocketAddr>,
+    body: Vec<u8>,
+    writer: W,
+    completion: crate::Completion,
+) -> Request
+where
+    W: Write + Send + 'static,
+{
+    Request {
+        body_length: Some(body.len()),
+        data_reader: Some(Box::new(Cursor::new(body))),
+        response_writer: Some(Box::new(writer)),
+        remote_addr,
+        #[cfg(unix)]
+        peer_socket: None,
+        secure: false,
+        method,
+        path,
+        http_version: version,
+        headers,
+        must_send_continue: false,
+        notify_when_responded: None,
+        completion: Some(completion),
+        response_headers: Vec::new(),
+    }
 }
 
 impl Request {
@@ -299,55 +342,47 @@ impl Request {
         self.remote_addr.as_ref()
     }
 
-    /// sluice patch: reads the whole body (at most `max` bytes, more only to
-    /// see that it is larger) into memory, within `total` and the socket's
-    /// read timeout, so that whoever handles the request never waits on a slow
-    /// sender. A body declared larger than `max` is left unread (the handler
-    /// refuses it from its `Content-Length`). Err is the status to answer.
-    pub(crate) fn preread_body(
-        &mut self,
-        max: usize,
-        total: Option<std::time::Duration>,
-    ) -> Result<(), u16> {
-        if max == 0 || self.body_length.is_some_and(|n| n > max) {
-            return Ok(());
-        }
-        let start = std::time::Instant::now();
-        let limit = self.body_length.unwrap_or(max + 1);
-        let mut body = Vec::with_capacity(limit.min(64 * 1024));
-        let mut chunk = [0u8; 8192];
-        let reader = self.as_reader();
-        while body.len() < limit {
-            let want = (limit - body.len()).min(chunk.len());
-            match reader.read(&mut chunk[..want]) {
-                Ok(0) => break,
-                Ok(n) => body.extend_from_slice(&chunk[..n]),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(408)
-                }
-                Err(_) => return Err(400),
-            }
-            if total.is_some_and(|t| start.elapsed() > t) {
-                return Err(408);
-            }
-        }
-        if self.body_length.is_some_and(|n| body.len() < n) {
-            return Err(400); // the client closed before sending what it declared
-        }
-        self.data_reader = Some(Box::new(io::Cursor::new(body)));
-        Ok(())
+    /// sluice patch: a header that any response to this request carries
+    /// (`respond` adds them; a response written through `into_writer` reads
+    /// them from `response_headers` first).
+    pub fn add_response_header(&mut self, header: Header) {
+        self.response_headers.push(header);
     }
 
-    /// sluice patch: a duplicate of the connection's socket (plain TCP or Unix
-    /// socket; `None` over TLS), taken when the request was read, so it stays
-    /// valid whatever the connection does meanwhile. For probing whether the
-    /// client is still there; do not read or write through it.
+    /// sluice patch: the headers added with `add_response_header`.
+    pub fn response_headers(&self) -> &[Header] {
+        &self.response_headers
+    }
+
+    /// sluice patch: what marks this request's response complete, for a
+    /// response written by hand through `into_writer` (call `done()` once its
+    /// last byte is written; `respond` marks it itself). Without it the
+    /// connection is closed after the response.
+    pub fn completion(&self) -> crate::Completion {
+        self.completion.clone().unwrap_or_default()
+    }
+
+    /// sluice patch: the 503 for a request the handlers' queue has no room for.
+    pub(crate) fn refuse_queue_full(self) {
+        let r = crate::conn::Refusal {
+            status: 503,
+            code: "server_busy",
+            message: "every HTTP handler is busy and their queue is full; retry shortly".into(),
+        };
+        let bytes = crate::conn::refusal_bytes(&r, Some(1), false);
+        let body_at = bytes
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(0, |i| i + 4);
+        let response = Response::from_data(bytes[body_at..].to_vec())
+            .with_status_code(503)
+            .with_header(
+                Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).unwrap(),
+            )
+            .with_header(Header::from_bytes(&b"Retry-After"[..], &b"1"[..]).unwrap());
+        let _ = self.respond(response);
+    }
+
     #[cfg(unix)]
     pub fn take_peer_socket(&mut self) -> Option<std::os::fd::OwnedFd> {
         self.peer_socket.take()
@@ -505,10 +540,13 @@ impl Request {
         res
     }
 
-    fn respond_impl<R>(&mut self, response: Response<R>) -> Result<(), IoError>
+    fn respond_impl<R>(&mut self, mut response: Response<R>) -> Result<(), IoError>
     where
         R: Read,
     {
+        for h in &self.response_headers {
+            response.add_header(h.clone());
+        }
         let mut writer = self.extract_writer_impl();
 
         let do_not_send_body = self.method == Method::Head;
@@ -521,7 +559,13 @@ impl Request {
             None,
         ))?;
 
-        Self::ignore_client_closing_errors(writer.flush())
+        let flushed = writer.flush();
+        if flushed.is_ok() {
+            if let Some(c) = &self.completion {
+                c.done();
+            }
+        }
+        Self::ignore_client_closing_errors(flushed)
     }
 
     fn ignore_client_closing_errors(result: io::Result<()>) -> io::Result<()> {
@@ -532,11 +576,6 @@ impl Request {
             ErrorKind::ConnectionReset => Ok(()),
             _ => Err(err),
         })
-    }
-
-    pub(crate) fn with_notify_sender(mut self, sender: Sender<()>) -> Self {
-        self.notify_when_responded = Some(sender);
-        self
     }
 }
 

@@ -58,7 +58,7 @@ impl TaskPool {
         };
 
         for _ in 0..MIN_THREADS {
-            pool.add_thread(None)
+            pool.add_thread(None);
         }
 
         pool
@@ -66,7 +66,8 @@ impl TaskPool {
 
     /// Executes a function in a thread.
     /// If no thread is available, spawns a new one.
-    pub fn spawn(&self, code: Box<dyn FnMut() + Send>) {
+    /// sluice patch: false if no thread could be started (the task is dropped).
+    pub fn spawn(&self, code: Box<dyn FnMut() + Send>) -> bool {
         let mut queue = self.sharing.todo.lock().unwrap();
 
         // sluice patch: an idle thread only counts as free once it has taken a
@@ -76,17 +77,20 @@ impl TaskPool {
         // connections, the queued connections were never served. Start a thread
         // unless more threads are idle than tasks already wait for one.
         if self.sharing.waiting_tasks.load(Ordering::Acquire) <= queue.len() {
-            self.add_thread(Some(code));
+            self.add_thread(Some(code))
         } else {
             queue.push_back(code);
             self.sharing.condvar.notify_one();
+            true
         }
     }
 
-    fn add_thread(&self, initial_fn: Option<Box<dyn FnMut() + Send>>) {
+    /// sluice patch: fallible. Upstream's `thread::spawn` panicked (and so
+    /// ended the accept thread) when the process could start no more threads.
+    fn add_thread(&self, initial_fn: Option<Box<dyn FnMut() + Send>>) -> bool {
         let sharing = self.sharing.clone();
 
-        thread::spawn(move || {
+        let spawned = thread::Builder::new().spawn(move || {
             let sharing = sharing;
             let _active_guard = Registration::new(&sharing.active_tasks);
 
@@ -130,6 +134,7 @@ impl TaskPool {
                 task();
             }
         });
+        spawned.is_ok()
     }
 }
 
