@@ -351,8 +351,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         http_queue_depth,
         handlers_busy: AtomicUsize::new(0),
         handler_panics: AtomicU64::new(0),
-        test_panic_hook: std::env::var("SLUICE_TEST_HOOKS")
-            .is_ok_and(|v| v.split(',').any(|h| h.trim() == "panic")),
+        test_hooks: http::TestHooks::from_env(),
         front: std::sync::OnceLock::new(),
         next_id: AtomicU64::new(1),
         started_unix_s: SystemTime::now()

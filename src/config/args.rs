@@ -181,7 +181,9 @@ pub struct ServeArgs {
     #[argh(option, default = "300_000")]
     pub request_timeout_ms: u64,
     /// a stream whose client reads nothing for this long is cancelled, in
-    /// milliseconds; also the socket send timeout (default: 30000)
+    /// milliseconds; also the write deadline: each response, or each event of
+    /// a stream, must be written within it, else the connection is closed
+    /// (default: 30000)
     #[argh(option, default = "30_000")]
     pub stall_timeout_ms: u64,
     /// a request body must arrive whole within this, counted from the end of
@@ -202,8 +204,8 @@ pub struct ServeArgs {
     /// (default: 16 per handler thread, 64 to 1024, within the descriptor limit)
     #[argh(option)]
     pub max_connections: Option<usize>,
-    /// requests read whole and waiting for a handler; over it, 503 at once
-    /// (default: the handler threads)
+    /// requests read whole that may wait for a handler while every handler is
+    /// busy; over it, 503 at once (default: the handler threads)
     #[argh(option)]
     pub http_queue_depth: Option<usize>,
     /// host names (comma-separated) besides IP addresses, localhost, this

@@ -528,6 +528,32 @@ mod tests {
     use super::*;
     use argh::FromArgs;
 
+    fn config(args: &[&str]) -> Config {
+        let mut all = vec!["--mu-prefill", "1000", "--mu-decode", "100"];
+        all.extend_from_slice(args);
+        let a = ServeArgs::from_args(&["sluice", "serve"], &all).expect("args");
+        Config::from_args(a).expect("config")
+    }
+
+    #[test]
+    fn the_connection_bound_follows_the_handlers_and_the_descriptors() {
+        let c = config(&[]);
+        // 16 per handler, within 64..=1024.
+        assert_eq!(c.max_connections(26, 1 << 20), Ok(416));
+        assert_eq!(c.max_connections(2, 1 << 20), Ok(64));
+        assert_eq!(c.max_connections(500, 1 << 20), Ok(1024));
+        // No more than the descriptors hold: (1024 - 64) / 3.
+        assert_eq!(c.max_connections(26, 1024), Ok(320));
+        let c = config(&["--max-connections", "5000"]);
+        assert_eq!(c.max_connections(26, 1 << 20), Ok(5000));
+        let e = c.max_connections(26, 1024).unwrap_err();
+        assert!(e.contains("file descriptors"), "{e}");
+        let a = ServeArgs::from_args(&["sluice", "serve"], &["--max-connections", "0"]).unwrap();
+        assert!(Config::from_args(a).is_err());
+        let a = ServeArgs::from_args(&["sluice", "serve"], &["--allowed-origins", "evil"]).unwrap();
+        assert!(Config::from_args(a).is_err());
+    }
+
     #[test]
     fn usable_cpus_follow_the_mask_and_the_quota() {
         assert_eq!(usable_cpus(&[2, 3, 5], 8), vec![2, 3, 5]);

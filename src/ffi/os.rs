@@ -40,8 +40,10 @@ pub fn set_tcp_nodelay(listener: &std::net::TcpListener) -> std::io::Result<()> 
 
 /// Sets the send timeout and the send buffer of a listening socket; Linux
 /// copies both to accepted sockets. The timeout makes a write to a peer that
-/// takes nothing fail instead of holding its thread; the small buffer keeps the
-/// kernel from holding much of a slow reader's stream (Linux doubles it).
+/// takes nothing fail instead of holding its thread (tiny_http narrows it, for
+/// each write, to what is left of the response's deadline); the small buffer
+/// keeps the kernel from holding much of a slow reader's stream (Linux
+/// doubles it).
 pub fn set_send_limits(
     listener: &std::net::TcpListener,
     timeout: std::time::Duration,

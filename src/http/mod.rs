@@ -75,9 +75,8 @@ pub struct AppState {
     pub handlers_busy: AtomicUsize,
     /// Handler panics caught (each answered 500; the handler goes on).
     pub handler_panics: AtomicU64,
-    /// `SLUICE_TEST_HOOKS=panic`: a request with `X-Sluice-Test-Panic` makes
-    /// its handler panic (for the test that handlers survive it).
-    pub test_panic_hook: bool,
+    /// What `SLUICE_TEST_HOOKS` turns on, for tests of the front.
+    pub test_hooks: TestHooks,
     /// The HTTP front's counters, once it runs.
     pub front: std::sync::OnceLock<Arc<Server>>,
     /// KV cells in the context: no request may need more.
@@ -99,6 +98,32 @@ pub struct AppState {
     pub next_id: AtomicU64,
     pub started_unix_s: u64,
 }
+
+/// Hooks for tests of the front, off unless `SLUICE_TEST_HOOKS` names them
+/// (comma-separated).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TestHooks {
+    /// `panic`: a request with `X-Sluice-Test-Panic` makes its handler panic
+    /// (handlers must survive it).
+    pub panic: bool,
+    /// `hold`: a request with `X-Sluice-Test-Hold` holds its handler until its
+    /// client leaves (to fill the handlers and their queue).
+    pub hold: bool,
+}
+
+impl TestHooks {
+    pub fn from_env() -> TestHooks {
+        let v = std::env::var("SLUICE_TEST_HOOKS").unwrap_or_default();
+        let on = |name: &str| v.split(',').any(|h| h.trim() == name);
+        TestHooks {
+            panic: on("panic"),
+            hold: on("hold"),
+        }
+    }
+}
+
+/// How long a held request waits for its client to leave, at most.
+const TEST_HOLD_MAX: Duration = Duration::from_secs(600);
 
 /// The running HTTP front.
 pub struct Front {
@@ -142,6 +167,7 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
         header_bytes_max: HEADER_BYTES_MAX,
         body_bytes_max: state.cfg.body_bytes_max,
         max_connections: state.max_connections,
+        handlers: state.http_threads,
         queue_depth: state.http_queue_depth,
         linger: LINGER,
         linger_bytes_max: LINGER_BYTES_MAX,
@@ -198,13 +224,24 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
 fn handle(state: &AppState, mut req: Request) {
     let path = req.url().split('?').next().unwrap_or("").to_string();
     let method = req.method().clone();
-    if state.test_panic_hook
-        && req
-            .headers()
-            .iter()
-            .any(|h| h.field.equiv("X-Sluice-Test-Panic"))
-    {
+    let has = |name: &'static str| req.headers().iter().any(|h| h.field.equiv(name));
+    if state.test_hooks.panic && has("X-Sluice-Test-Panic") {
         panic!("X-Sluice-Test-Panic (SLUICE_TEST_HOOKS=panic)");
+    }
+    if state.test_hooks.hold && has("X-Sluice-Test-Hold") {
+        crate::say!("sluice: test hook: a handler holds a request until its client leaves");
+        let t0 = Instant::now();
+        if let Some(probe) = req.take_peer_socket() {
+            while !ffi::peer_closed(&probe) && t0.elapsed() < TEST_HOLD_MAX {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        respond_json(
+            req,
+            200,
+            &json!({"held_ms": t0.elapsed().as_millis() as u64}),
+        );
+        return;
     }
     if let Err(e) = guard::admit(state, &mut req) {
         state.metrics.forbidden.fetch_add(1, Ordering::Relaxed);

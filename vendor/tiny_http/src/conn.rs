@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
+use crossbeam_channel::{bounded, Receiver, Sender};
 
 use crate::common::{HTTPVersion, Header, Method};
 use crate::connection::Connection;
@@ -42,7 +42,11 @@ pub struct FrontStats {
     /// Connections closed to make room for a new one (the longest waiting on
     /// their client).
     pub evicted: AtomicU64,
-    /// Requests refused because the queue to the handlers was full.
+    /// Requests read whole and not yet answered: waiting for a handler, or in
+    /// one's hands.
+    pub in_handlers: AtomicUsize,
+    /// Requests refused because every handler was busy and `queue_depth`
+    /// waited for one.
     pub refused_queue_full: AtomicU64,
     /// Connections closed because a head or body did not arrive in time.
     pub timed_out: AtomicU64,
@@ -75,13 +79,13 @@ pub(crate) struct Waiting {
 }
 
 impl Waiting {
-    fn enter(&self, conn: &Arc<Connection>) -> u64 {
+    pub(crate) fn enter(&self, conn: &Arc<Connection>) -> u64 {
         let ticket = self.next.fetch_add(1, Ordering::Relaxed);
         self.lock().insert(ticket, Arc::clone(conn));
         ticket
     }
 
-    fn leave(&self, ticket: u64) {
+    pub(crate) fn leave(&self, ticket: u64) {
         self.lock().remove(&ticket);
     }
 
@@ -718,13 +722,22 @@ impl Drop for WaitTicket<'_> {
 }
 
 /// Serves one connection until it closes.
-pub(crate) fn serve(conn: Connection, remote_addr: Option<SocketAddr>, shared: &Shared) {
+///
+/// `ticket` is its place among the connections waiting on their client, taken
+/// at accept (a connection waits on its client from its first moment).
+pub(crate) fn serve(
+    conn: Arc<Connection>,
+    ticket: u64,
+    remote_addr: Option<SocketAddr>,
+    shared: &Shared,
+) {
     let limits = &shared.limits;
     let stats = &shared.stats;
+    let mut first_ticket = Some(ticket);
     let Ok(mut writer) = conn.try_clone() else {
+        shared.waiting.leave(ticket);
         return;
     };
-    let conn = Arc::new(conn);
     let accepted = Instant::now();
     let mut rd = BufReader::with_capacity(
         8 * 1024,
@@ -738,7 +751,9 @@ pub(crate) fn serve(conn: Connection, remote_addr: Option<SocketAddr>, shared: &
     loop {
         let waiting = WaitTicket {
             waiting: &shared.waiting,
-            ticket: shared.waiting.enter(&conn),
+            ticket: first_ticket
+                .take()
+                .unwrap_or_else(|| shared.waiting.enter(&conn)),
         };
         let request = match read_request(&mut rd, &mut writer, first, shared) {
             Some(r) => r,
@@ -775,15 +790,34 @@ pub(crate) fn serve(conn: Connection, remote_addr: Option<SocketAddr>, shared: &
         );
         #[cfg(unix)]
         request.set_peer_socket(conn.dup_fd());
-        match shared.queue.try_send(request) {
-            Ok(()) => {}
-            Err(TrySendError::Full(request)) => {
-                stats.refused_queue_full.fetch_add(1, Ordering::Relaxed);
-                request.refuse_queue_full();
+        // At most `handlers + queue_depth` requests between here and their
+        // complete answers: with every handler busy, `queue_depth` wait. (A
+        // bound on the channel alone would refuse a burst that idle handlers
+        // had not yet woken to take.)
+        let limit = limits.handlers + limits.queue_depth;
+        let admitted = stats
+            .in_handlers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok();
+        if admitted {
+            if let Err(e) = shared.queue.try_send(request) {
+                stats.in_handlers.fetch_sub(1, Ordering::AcqRel);
+                // Full cannot happen (the channel holds `limit`); the server
+                // has stopped.
+                drop(e);
+                return;
             }
-            Err(TrySendError::Disconnected(_request)) => return,
+        } else {
+            stats.refused_queue_full.fetch_add(1, Ordering::Relaxed);
+            request.refuse_queue_full();
         }
-        let Ok(returned) = back_rx.recv() else {
+        let returned = back_rx.recv();
+        if admitted {
+            stats.in_handlers.fetch_sub(1, Ordering::AcqRel);
+        }
+        let Ok(returned) = returned else {
             return;
         };
         writer = returned.conn;

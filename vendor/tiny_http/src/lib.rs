@@ -143,7 +143,10 @@ pub struct ConnectionLimits {
     pub body_bytes_max: usize,
     /// Most connections open at once; a connection over it gets a 503.
     pub max_connections: usize,
-    /// Most requests read and waiting for a handler; over it, a 503.
+    /// Threads that call `recv()` (the handlers).
+    pub handlers: usize,
+    /// Most requests read and waiting for a handler while every handler is
+    /// busy; over it, a 503.
     pub queue_depth: usize,
     /// After a refusal, discard what the client still sends for at most this long...
     pub linger: Duration,
@@ -163,6 +166,7 @@ impl Default for ConnectionLimits {
             header_bytes_max: 32 * 1024,
             body_bytes_max: 1024 * 1024,
             max_connections: 512,
+            handlers: 4,
             queue_depth: 64,
             linger: Duration::from_secs(5),
             linger_bytes_max: 64 * 1024 * 1024,
@@ -289,7 +293,8 @@ impl Server {
             return Err("this tiny_http (patched for sluice) serves plain HTTP only".into());
         }
         let stats = Arc::new(FrontStats::default());
-        let (queue_tx, queue_rx) = crossbeam_channel::bounded(limits.queue_depth.max(1));
+        let (queue_tx, queue_rx) =
+            crossbeam_channel::bounded((limits.handlers + limits.queue_depth).max(1));
         let shared = Arc::new(conn::Shared {
             limits,
             queue: queue_tx,
@@ -332,18 +337,22 @@ impl Server {
                         let stats = &shared.stats;
                         let max = shared.limits.max_connections;
                         if stats.open.load(Relaxed) >= max {
+                            // A connection closed for room ends at once (its
+                            // read returns); one that has just answered its
+                            // last request is ending too. Wait for that,
+                            // briefly, so that threads stay within the bound.
                             let evicted = shared.waiting.evict_oldest();
-                            if evicted {
+                            let grace_ms = if evicted {
                                 stats.evicted.fetch_add(1, Relaxed);
-                                // Its thread ends at once (its read returns);
-                                // wait for that, briefly, so that threads stay
-                                // within the bound.
-                                for _ in 0..50 {
-                                    if stats.open.load(Relaxed) < max {
-                                        break;
-                                    }
-                                    thread::sleep(Duration::from_millis(1));
+                                50
+                            } else {
+                                5
+                            };
+                            for _ in 0..grace_ms * 2 {
+                                if stats.open.load(Relaxed) < max {
+                                    break;
                                 }
+                                thread::sleep(Duration::from_micros(500));
                             }
                             if stats.open.load(Relaxed) >= max {
                                 stats.refused_connections.fetch_add(1, Relaxed);
@@ -353,17 +362,20 @@ impl Server {
                         }
                         stats.open.fetch_add(1, Relaxed);
                         let open = Open(Arc::clone(stats));
-                        let shared = Arc::clone(&shared);
+                        let sock = Arc::new(sock);
+                        let ticket = shared.waiting.enter(&sock);
+                        let inside_shared = Arc::clone(&shared);
                         let mut task = Some((sock, open));
                         let spawned = tasks_pool.spawn(Box::new(move || {
                             if let Some((sock, open)) = task.take() {
-                                conn::serve(sock, remote_addr, &shared);
+                                conn::serve(sock, ticket, remote_addr, &inside_shared);
                                 drop(open);
                             }
                         }));
                         if !spawned {
                             // No thread for it (the task, and the socket with
                             // it, was dropped): refused, never a panic.
+                            shared.waiting.leave(ticket);
                             stats.refused_connections.fetch_add(1, Relaxed);
                             thread::sleep(Duration::from_millis(10));
                         }
