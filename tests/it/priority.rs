@@ -314,7 +314,7 @@ fn ten_thousand_client_addresses_do_not_grow_the_bucket_table_past_its_bound() {
                     let n = (t * per + i) as u32;
                     let from = Ipv4Addr::from(0x7f01_0001 + n);
                     let r = post_from(addr, from, &body("Hi", 1, false));
-                    assert_eq!(r.status, 429);
+                    assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
                     assert_eq!(r.body_json()["error"]["code"], "queue_full");
                 }
             })

@@ -142,6 +142,8 @@ pub(crate) struct ResponseWriter {
     completion: Completion,
     back: Option<Sender<Returned>>,
     stats: Arc<FrontStats>,
+    /// Counted in `FrontStats::in_handlers` until this response ends.
+    counted: bool,
 }
 
 const WRITE_BUFFER_BYTES: usize = 8 * 1024;
@@ -191,6 +193,11 @@ impl Drop for ResponseWriter {
     fn drop(&mut self) {
         if !self.failed && !self.buf.is_empty() {
             let _ = self.send_buffered();
+        }
+        // The response has ended: its place is free at once (not when the
+        // connection's thread next runs).
+        if self.counted {
+            self.stats.in_handlers.fetch_sub(1, Ordering::AcqRel);
         }
         if let (Some(conn), Some(back)) = (self.conn.take(), self.back.take()) {
             let reusable = !self.failed && self.completion.is_done();
@@ -765,6 +772,17 @@ pub(crate) fn serve(
 
         // Hand the request to a handler; the response comes back through
         // `back_rx` before anything more is read from this connection.
+        // At most `handlers + queue_depth` requests between here and their
+        // complete answers: with every handler busy, `queue_depth` wait. (A
+        // bound on the channel alone would refuse a burst that idle handlers
+        // had not yet woken to take.)
+        let limit = limits.handlers + limits.queue_depth;
+        let admitted = stats
+            .in_handlers
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .is_ok();
         let completion = Completion::default();
         let response_writer = ResponseWriter {
             conn: Some(writer),
@@ -775,6 +793,7 @@ pub(crate) fn serve(
             completion: completion.clone(),
             back: Some(back_tx.clone()),
             stats: Arc::clone(stats),
+            counted: admitted,
         };
         let head = request.head;
         #[allow(unused_mut)]
@@ -790,33 +809,15 @@ pub(crate) fn serve(
         );
         #[cfg(unix)]
         request.set_peer_socket(conn.dup_fd());
-        // At most `handlers + queue_depth` requests between here and their
-        // complete answers: with every handler busy, `queue_depth` wait. (A
-        // bound on the channel alone would refuse a burst that idle handlers
-        // had not yet woken to take.)
-        let limit = limits.handlers + limits.queue_depth;
-        let admitted = stats
-            .in_handlers
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                (n < limit).then_some(n + 1)
-            })
-            .is_ok();
-        if admitted {
-            if let Err(e) = shared.queue.try_send(request) {
-                stats.in_handlers.fetch_sub(1, Ordering::AcqRel);
-                // Full cannot happen (the channel holds `limit`); the server
-                // has stopped.
-                drop(e);
-                return;
-            }
-        } else {
+        if !admitted {
             stats.refused_queue_full.fetch_add(1, Ordering::Relaxed);
             request.refuse_queue_full();
+        } else if shared.queue.try_send(request).is_err() {
+            // The channel holds `limit`, so it is not full: the server has
+            // stopped (the request, dropped, answered 500).
+            return;
         }
         let returned = back_rx.recv();
-        if admitted {
-            stats.in_handlers.fetch_sub(1, Ordering::AcqRel);
-        }
         let Ok(returned) = returned else {
             return;
         };
