@@ -11,6 +11,7 @@
 //! and parse requests and never compute); they are named `sluice-conn`.
 
 pub mod error;
+mod fields;
 mod guard;
 pub mod openai;
 pub mod prompt;

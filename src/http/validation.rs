@@ -1,7 +1,8 @@
 //! Request bodies → [`ValidRequest`], the only request type that goes further.
 //!
 //! Each check names the field and the limit, as OpenAI does ("'temperature' is
-//! 3.5; it must be 0 to 2"). Unknown fields are tolerated, as OpenAI does.
+//! 3.5; it must be 0 to 2"). A field sluice does not implement is refused by
+//! name (`fields`), as OpenAI refuses arguments it does not know.
 
 use super::error::ApiError;
 use crate::engine::logprobs::TOP_LOGPROBS_MAX;
@@ -90,6 +91,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
             message: "request body must be a JSON object".into(),
         });
     };
+    super::fields::check(api, &obj)?;
 
     let input = match api {
         Api::Chat => Input::Chat(parse_messages(&obj)?),
@@ -515,10 +517,11 @@ mod tests {
     }
 
     #[test]
-    fn unknown_fields_are_tolerated() {
-        assert!(
-            chat(r#"{"messages":[{"role":"user","content":"x"}],"frobnicate":{"a":[1]}}"#).is_ok()
-        );
+    fn unknown_fields_are_refused_by_name() {
+        let e = chat(r#"{"messages":[{"role":"user","content":"x"}],"frobnicate":{"a":[1]}}"#)
+            .unwrap_err();
+        assert_eq!(e.to_json()["error"]["param"], "frobnicate");
+        assert!(chat(r#"{"messages":[{"role":"user","content":"x"}],"user":"u"}"#).is_ok());
     }
 }
 

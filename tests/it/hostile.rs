@@ -180,7 +180,7 @@ fn slow_senders_hold_no_handler_and_are_cut_off() {
 }
 
 #[test]
-fn absurd_values_get_a_4xx_and_unknown_fields_are_tolerated() {
+fn absurd_values_and_unknown_fields_get_a_4xx_naming_them() {
     let srv = Server::start(&[]);
     let stops: Vec<String> = (0..1000).map(|i| format!("stop{i}")).collect();
     for (body, status) in [
@@ -195,6 +195,14 @@ fn absurd_values_get_a_4xx_and_unknown_fields_are_tolerated() {
         (json!({"prompt": "x", "stop": stops}).to_string(), 400),
         (
             r#"{"prompt":"x","max_tokens":2,"frobnicate":{"deeply":[1,2,{"a":null}]}}"#.to_string(),
+            400,
+        ),
+        (
+            r#"{"prompt":"x","max_tokens":2,"frequency_penalty":0.5}"#.to_string(),
+            400,
+        ),
+        (
+            r#"{"prompt":"x","max_tokens":2,"frequency_penalty":0,"user":"u"}"#.to_string(),
             200,
         ),
     ] {

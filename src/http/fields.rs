@@ -1,0 +1,183 @@
+//! Which request fields sluice implements, which it accepts because they do
+//! not change an answer, and which it refuses: an OpenAI field that would
+//! change the answer but is not implemented gets a 400 naming it, never a 200
+//! that silently ignores it (OpenAI itself rejects arguments it does not know).
+//! The README's field table is this module in prose.
+
+use super::error::ApiError;
+use super::validation::Api;
+use serde_json::{Map, Value};
+
+/// Fields both APIs implement (their values are checked in `validation`).
+const COMMON: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "n",
+    // Extensions (vLLM's and llama.cpp's names).
+    "top_k",
+    "min_p",
+    "ignore_eos",
+];
+
+/// Chat-only fields implemented.
+const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
+
+/// Completions-only fields implemented.
+const COMPLETIONS: &[&str] = &["prompt", "echo"];
+
+/// Fields accepted with any value because they change nothing in the answer:
+/// identifiers and hints for a service that stores, bills or routes requests.
+const METADATA: &[&str] = &["user", "metadata", "safety_identifier", "prompt_cache_key"];
+
+/// Whether `value` of the unimplemented field `name` asks for nothing: the
+/// field's default, which is what sluice does anyway.
+fn is_default(name: &str, value: &Value) -> bool {
+    match (name, value) {
+        (_, Value::Null) => true,
+        ("frequency_penalty" | "presence_penalty", Value::Number(n)) => n.as_f64() == Some(0.0),
+        ("logit_bias", Value::Object(m)) => m.is_empty(),
+        ("tools" | "functions", Value::Array(a)) => a.is_empty(),
+        ("tool_choice" | "function_call", Value::String(s)) => s == "none",
+        ("response_format", Value::Object(m)) => {
+            m.len() == 1 && m.get("type").and_then(Value::as_str) == Some("text")
+        }
+        ("modalities", Value::Array(a)) => a.len() == 1 && a[0].as_str() == Some("text"),
+        ("store", Value::Bool(b)) => !*b,
+        // How tools would be called; without tools (refused) it asks nothing.
+        ("parallel_tool_calls", Value::Bool(_)) => true,
+        ("service_tier", Value::String(s)) => s == "auto" || s == "default",
+        ("best_of", Value::Number(n)) => n.as_u64() == Some(1),
+        ("suffix", Value::String(s)) => s.is_empty(),
+        _ => false,
+    }
+}
+
+/// OpenAI fields sluice does not implement, and what to do instead.
+fn not_implemented(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "response_format" => {
+            "structured output is not implemented; only {\"type\": \"text\"} is accepted"
+        }
+        "tools" | "tool_choice" | "functions" | "function_call" => {
+            "tool calling is not implemented"
+        }
+        "frequency_penalty" | "presence_penalty" => {
+            "only 0 is accepted (no penalties in the sampler)"
+        }
+        "logit_bias" => "only {} is accepted (no logit bias in the sampler)",
+        "store" => "sluice stores no completions; only false is accepted",
+        "modalities" | "audio" => "sluice answers in text only",
+        "prediction" => "predicted outputs are not implemented",
+        "reasoning_effort" | "verbosity" => "this model has no such setting",
+        "web_search_options" => "sluice does not search the web",
+        "service_tier" => "only 'auto' or 'default' is accepted",
+        "best_of" => "only 1 is accepted",
+        "suffix" => "insertion (suffix) is not implemented",
+        _ => return None,
+    })
+}
+
+/// Refuses a body with a field that sluice would otherwise ignore.
+pub fn check(api: Api, obj: &Map<String, Value>) -> Result<(), ApiError> {
+    let own: &[&str] = match api {
+        Api::Chat => CHAT,
+        Api::Completions => COMPLETIONS,
+    };
+    for (name, value) in obj {
+        let name = name.as_str();
+        if COMMON.contains(&name) || own.contains(&name) || METADATA.contains(&name) {
+            continue;
+        }
+        if is_default(name, value) {
+            continue;
+        }
+        let message = match not_implemented(name) {
+            Some(why) => format!("'{name}' is not supported by sluice: {why}"),
+            None => format!(
+                "'{name}' is not a field sluice knows for this endpoint; remove it (the README lists every field)"
+            ),
+        };
+        return Err(ApiError::invalid(name, message));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check_json(api: Api, v: Value) -> Result<(), String> {
+        let Value::Object(m) = v else { panic!() };
+        check(api, &m).map_err(|e| match e {
+            ApiError::InvalidRequest { param, .. } => param.unwrap_or_default(),
+            other => panic!("{other:?}"),
+        })
+    }
+
+    #[test]
+    fn implemented_and_metadata_fields_pass() {
+        let chat = json!({"model": "m", "messages": [], "max_completion_tokens": 3,
+            "top_logprobs": 2, "logprobs": true, "user": "u", "metadata": {"k": "v"},
+            "stream": true, "stream_options": {"include_usage": true}, "top_k": 4,
+            "min_p": 0.1, "ignore_eos": true, "n": 1, "seed": 3, "stop": ["x"]});
+        assert_eq!(check_json(Api::Chat, chat), Ok(()));
+        let comp = json!({"prompt": "p", "echo": true, "logprobs": 2, "user": "u"});
+        assert_eq!(check_json(Api::Completions, comp), Ok(()));
+    }
+
+    #[test]
+    fn defaults_of_unimplemented_fields_pass() {
+        let chat = json!({"messages": [], "frequency_penalty": 0, "presence_penalty": 0.0,
+            "logit_bias": {}, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+            "modalities": ["text"], "store": false, "service_tier": "auto", "parallel_tool_calls": true,
+            "audio": null});
+        assert_eq!(check_json(Api::Chat, chat), Ok(()));
+        let comp = json!({"prompt": "p", "best_of": 1, "suffix": ""});
+        assert_eq!(check_json(Api::Completions, comp), Ok(()));
+    }
+
+    #[test]
+    fn what_would_change_the_answer_is_refused_by_name() {
+        for (field, value) in [
+            ("response_format", json!({"type": "json_object"})),
+            (
+                "tools",
+                json!([{"type": "function", "function": {"name": "f"}}]),
+            ),
+            ("tool_choice", json!("required")),
+            ("frequency_penalty", json!(0.5)),
+            ("presence_penalty", json!(-1)),
+            ("logit_bias", json!({"50256": -100})),
+            ("store", json!(true)),
+            ("modalities", json!(["text", "audio"])),
+            ("reasoning_effort", json!("low")),
+            ("frobnicate", json!({"deeply": [1]})),
+            ("max_completion_tokens_typo", json!(3)),
+        ] {
+            let mut body = json!({"messages": []});
+            body[field] = value;
+            assert_eq!(check_json(Api::Chat, body), Err(field.to_string()));
+        }
+        // Fields of the other endpoint are not this one's.
+        assert_eq!(
+            check_json(Api::Completions, json!({"prompt": "p", "messages": []})),
+            Err("messages".into())
+        );
+        assert_eq!(
+            check_json(Api::Chat, json!({"messages": [], "echo": true})),
+            Err("echo".into())
+        );
+        assert_eq!(
+            check_json(Api::Completions, json!({"prompt": "p", "best_of": 2})),
+            Err("best_of".into())
+        );
+    }
+}
