@@ -1,7 +1,7 @@
 use std::io::Read;
 use std::io::Result as IoResult;
-use std::sync::mpsc::channel;
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::mpsc::sync_channel;
+use std::sync::mpsc::{Receiver, SyncSender};
 
 /// sluice patch: the most of an unread body that is drained to keep a
 /// connection alive.
@@ -20,7 +20,9 @@ where
 {
     reader: R,
     size: usize,
-    last_read_signal: Sender<IoResult<()>>,
+    // sluice patch: bounded (upstream's was an unbounded channel); a signal
+    // nobody has room for is dropped, never waited for.
+    last_read_signal: SyncSender<IoResult<()>>,
 }
 
 impl<R> EqualReader<R>
@@ -28,7 +30,7 @@ where
     R: Read,
 {
     pub fn new(reader: R, size: usize) -> (EqualReader<R>, Receiver<IoResult<()>>) {
-        let (tx, rx) = channel();
+        let (tx, rx) = sync_channel(1);
 
         let r = EqualReader {
             reader,
@@ -76,7 +78,7 @@ where
         // is closed instead, so a client cannot hold the thread by sending it.
         if remaining_to_read > DRAIN_BYTES_MAX {
             let e = std::io::Error::new(std::io::ErrorKind::Other, "request body not drained");
-            self.last_read_signal.send(Err(e)).ok();
+            self.last_read_signal.try_send(Err(e)).ok();
             return;
         }
         // sluice patch: drain through a fixed buffer. Upstream allocated the whole
@@ -90,11 +92,11 @@ where
 
             match self.reader.read(buf) {
                 Err(e) => {
-                    self.last_read_signal.send(Err(e)).ok();
+                    self.last_read_signal.try_send(Err(e)).ok();
                     break;
                 }
                 Ok(0) => {
-                    self.last_read_signal.send(Ok(())).ok();
+                    self.last_read_signal.try_send(Ok(())).ok();
                     break;
                 }
                 Ok(other) => {
