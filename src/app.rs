@@ -210,7 +210,9 @@ fn serve(cfg: Config) -> Result<(), String> {
     let policies = Class::ALL.map(|c| cfg.policy(c));
     let http_threads = cfg.http_threads()?;
     let max_connections = cfg.max_connections(http_threads, nofile)?;
-    let http_queue_depth = cfg.http_queue_depth.unwrap_or(http_threads);
+    let http_queue_depth = cfg
+        .http_queue_depth
+        .unwrap_or(http_threads * crate::config::HTTP_QUEUE_PER_HANDLER);
     let (admission, jobs, gauge) = Admission::new(
         cfg.parallel,
         cfg.batch_slots(),

@@ -205,7 +205,7 @@ pub struct ServeArgs {
     #[argh(option)]
     pub max_connections: Option<usize>,
     /// requests read whole that may wait for a handler while every handler is
-    /// busy; over it, 503 at once (default: the handler threads)
+    /// busy; over it, 503 at once (default: 4 per handler thread)
     #[argh(option)]
     pub http_queue_depth: Option<usize>,
     /// host names (comma-separated) besides IP addresses, localhost, this

@@ -36,6 +36,10 @@ const _: () = assert!(PARALLEL_MAX <= STEP_TOKENS_CEILING);
 pub const HTTP_SPARE_THREADS: usize = 4;
 /// Most handler threads (`--http-threads`).
 pub const HTTP_THREADS_MAX: usize = 8192;
+/// The derived `--http-queue-depth`: this many requests per handler thread
+/// may wait for one while all are busy. A burst of simultaneous requests is
+/// then refused by admission (429 with its estimated wait), not by the front.
+pub const HTTP_QUEUE_PER_HANDLER: usize = 4;
 /// Most `--max-connections`.
 pub const CONNECTIONS_MAX: usize = 1 << 20;
 /// The derived `--max-connections`: this many per handler thread, within
