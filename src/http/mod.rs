@@ -19,6 +19,7 @@ mod reply;
 mod request;
 pub mod sse;
 mod status;
+mod tokens;
 pub mod validation;
 
 use crate::admission::{Admission, QueueGauge};
@@ -278,17 +279,41 @@ fn handle(state: &AppState, mut req: Request) {
                 respond_error(req, &e);
                 return;
             }
-            let body = json!({
-                "object": "list",
-                "data": [{
-                    "id": state.cfg.model_name,
-                    "object": "model",
-                    "created": state.started_unix_s,
-                    "owned_by": "sluice",
-                    "context_length": state.seq_tokens_max,
-                }],
-            });
+            let body = json!({"object": "list", "data": [model_object(state)]});
             respond_json(req, 200, &body);
+        }
+        (Method::Get, p) if p.starts_with("/v1/models/") => {
+            if let Err(e) = request::authenticate(state, &req) {
+                state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+                respond_error(req, &e);
+                return;
+            }
+            if p["/v1/models/".len()..] == state.cfg.model_name {
+                respond_json(req, 200, &model_object(state));
+            } else {
+                let e = ApiError::NotFound { path };
+                log_refusal(&method, req.url(), &e);
+                respond_error(req, &e);
+            }
+        }
+        (Method::Post, "/tokenize" | "/v1/tokenize" | "/detokenize" | "/v1/detokenize") => {
+            let tokenize = path.ends_with("/tokenize");
+            let answer = request::authenticate(state, &req)
+                .inspect_err(|_| {
+                    state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+                })
+                .and_then(|_| request::json_body(state, &mut req))
+                .and_then(|body| {
+                    if tokenize {
+                        tokens::tokenize(state, &body)
+                    } else {
+                        tokens::detokenize(state, &body)
+                    }
+                });
+            match answer {
+                Ok(v) => respond_json(req, 200, &v),
+                Err(e) => respond_error(req, &e),
+            }
         }
         (Method::Get, "/metrics") => {
             let resp = Response::from_string(status::metrics_text(state))
@@ -317,8 +342,8 @@ fn handle(state: &AppState, mut req: Request) {
     }
 }
 
-/// Every path the server answers.
-const ROUTES: [&str; 7] = [
+/// Every path the server answers (besides `/v1/models/{id}`).
+const ROUTES: [&str; 11] = [
     "/health",
     "/livez",
     "/readyz",
@@ -326,7 +351,22 @@ const ROUTES: [&str; 7] = [
     "/metrics",
     "/v1/chat/completions",
     "/v1/completions",
+    "/tokenize",
+    "/v1/tokenize",
+    "/detokenize",
+    "/v1/detokenize",
 ];
+
+/// The served model, as `/v1/models` lists it.
+fn model_object(state: &AppState) -> Value {
+    json!({
+        "id": state.cfg.model_name,
+        "object": "model",
+        "created": state.started_unix_s,
+        "owned_by": "sluice",
+        "context_length": state.seq_tokens_max,
+    })
+}
 
 /// One line for a request refused before routing or routed nowhere (403,
 /// 404, 405): the path, cut to a readable length, and the error code.
@@ -368,7 +408,9 @@ fn respond_json(req: Request, status: u16, body: &Value) {
 fn respond_error(req: Request, e: &ApiError) {
     let mut resp = json_response(e.status(), &e.to_json());
     if let Some(s) = e.retry_after_s() {
+        // The OpenAI SDKs read retry-after-ms first.
         resp.add_header(header("Retry-After", &s.to_string()));
+        resp.add_header(header("retry-after-ms", &(s * 1000).to_string()));
     }
     if e.status() == 401 {
         resp.add_header(header("WWW-Authenticate", "Bearer"));

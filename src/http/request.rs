@@ -308,8 +308,27 @@ fn prepare(
     req: &mut Request,
     api: Api,
 ) -> Result<(ValidRequest, Vec<Token>), ApiError> {
+    let body = json_body(state, req)?;
+    let valid = validation::parse(api, &body)?;
+    let prompt = state
+        .prompter
+        .tokens(&valid.input)
+        .map_err(|m| ApiError::invalid("prompt", m))?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid(
+            "prompt",
+            "the prompt is empty (0 tokens)",
+        ));
+    }
+    Ok((valid, prompt))
+}
+
+/// The body of a POST, which must be JSON (`Content-Type: application/json`,
+/// with parameters such as charset, else 415: a POST without it, or with
+/// text/plain or a form type, is what a web page may send without a CORS
+/// preflight), within `--max-body-bytes` (the connection has read it whole).
+pub(super) fn json_body(state: &AppState, req: &mut Request) -> Result<Vec<u8>, ApiError> {
     let limit = state.cfg.body_bytes_max;
-    // Decide from Content-Length before reading a byte of the body.
     if let Some(n) = req.body_length() {
         if n > limit {
             return Err(ApiError::BodyTooLarge {
@@ -318,9 +337,6 @@ fn prepare(
             });
         }
     }
-    // application/json only (with parameters such as charset): a POST without
-    // it, or with text/plain or a form type, is what a web page may send
-    // without a CORS preflight.
     let ct = req
         .headers()
         .iter()
@@ -345,18 +361,7 @@ fn prepare(
     if body.len() > limit {
         return Err(ApiError::BodyTooLarge { limit, given: None });
     }
-    let valid = validation::parse(api, &body)?;
-    let prompt = state
-        .prompter
-        .tokens(&valid.input)
-        .map_err(|m| ApiError::invalid("prompt", m))?;
-    if prompt.is_empty() {
-        return Err(ApiError::invalid(
-            "prompt",
-            "the prompt is empty (0 tokens)",
-        ));
-    }
-    Ok((valid, prompt))
+    Ok(body)
 }
 
 /// Fits max_tokens to the context and builds the engine's parameters.

@@ -159,7 +159,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
     })
 }
 
-fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
+pub(super) fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
     let Some(v) = obj.get("messages") else {
         return Err(ApiError::invalid("messages", "'messages' is required"));
     };

@@ -69,6 +69,12 @@ fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
         assert_eq!(v["error"]["code"], "queue_full", "{v}");
         assert_eq!(v["error"]["queue"]["depth_max"], 3);
         assert_eq!(v["error"]["queue"]["estimated_wait_s"], wait);
+        let ms: u64 = r
+            .header("retry-after-ms")
+            .expect("retry-after-ms (the OpenAI SDKs read it first)")
+            .parse()
+            .expect("ms");
+        assert_eq!(ms, wait * 1000);
     }
     for r in &ok {
         assert_eq!(r.body_json()["usage"]["completion_tokens"], 200);

@@ -380,3 +380,47 @@ fn models_health_and_metrics_endpoints() {
         .unwrap_or_else(|| panic!("no request line in the log:\n{log}"));
     assert!(line.contains("completion=3"), "{line}");
 }
+
+#[test]
+fn tokenize_counts_what_a_request_is_charged_and_detokenize_inverts_it() {
+    let srv = Server::start(&[]);
+    let messages = json!([{"role": "user", "content": "Say hi."}]);
+    let t = srv.post("/tokenize", &json!({"messages": messages}));
+    assert_eq!(t.status, 200, "{}", String::from_utf8_lossy(&t.body));
+    let t = t.body_json();
+    let count = t["count"].as_u64().expect("count");
+    assert_eq!(t["tokens"].as_array().expect("tokens").len() as u64, count);
+    // The same count the chat request is charged for.
+    let r = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 2, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.body_json()["usage"]["prompt_tokens"].as_u64(),
+        Some(count)
+    );
+    // Text: tokens and back (and the /v1/ aliases).
+    let t = srv.post("/v1/tokenize", &json!({"prompt": "Hello there, world."}));
+    let ids = t.body_json()["tokens"].clone();
+    let d = srv.post("/v1/detokenize", &json!({"tokens": ids}));
+    assert_eq!(d.status, 200);
+    assert_eq!(d.body_json()["prompt"], "Hello there, world.");
+    // Ids outside the vocabulary, and unknown fields, are 400s naming them.
+    let d = srv.post("/detokenize", &json!({"tokens": [1_000_000_000]}));
+    assert_eq!(d.status, 400);
+    assert_eq!(d.body_json()["error"]["param"], "tokens");
+    let t = srv.post("/tokenize", &json!({"prompt": "x", "frobnicate": 1}));
+    assert_eq!(t.status, 400);
+    assert_eq!(t.body_json()["error"]["param"], "frobnicate");
+    // The model by its id; another id is 404.
+    let list = request(srv.addr, "GET", "/v1/models", None, &[]).body_json();
+    let id = list["data"][0]["id"].as_str().expect("id").to_string();
+    let one = request(srv.addr, "GET", &format!("/v1/models/{id}"), None, &[]);
+    assert_eq!(one.status, 200);
+    assert_eq!(one.body_json(), list["data"][0]);
+    assert_eq!(
+        request(srv.addr, "GET", "/v1/models/gpt-4o", None, &[]).status,
+        404
+    );
+}

@@ -576,6 +576,7 @@ fn a_full_handler_queue_answers_503_from_the_connection_at_once() {
     );
     assert!(refused.contains("server_busy"), "{refused}");
     assert!(refused.contains("Retry-After: 1"), "{refused}");
+    assert!(refused.contains("retry-after-ms: 1000"), "{refused}");
     // The held requests end when their clients leave; the queued one is served.
     drop(held);
     let mut answer = String::new();

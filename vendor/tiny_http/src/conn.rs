@@ -617,7 +617,10 @@ pub(crate) fn refusal_bytes(r: &Refusal, retry_after_s: Option<u64>, close: bool
         out.push_str("Connection: close\r\n");
     }
     if let Some(s) = retry_after_s {
-        out.push_str(&format!("Retry-After: {s}\r\n"));
+        out.push_str(&format!(
+            "Retry-After: {s}\r\nretry-after-ms: {}\r\n",
+            s * 1000
+        ));
     }
     out.push_str("\r\n");
     out.push_str(&body);

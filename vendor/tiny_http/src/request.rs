@@ -379,7 +379,8 @@ impl Request {
             .with_header(
                 Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).unwrap(),
             )
-            .with_header(Header::from_bytes(&b"Retry-After"[..], &b"1"[..]).unwrap());
+            .with_header(Header::from_bytes(&b"Retry-After"[..], &b"1"[..]).unwrap())
+            .with_header(Header::from_bytes(&b"retry-after-ms"[..], &b"1000"[..]).unwrap());
         let _ = self.respond(response);
     }
 
