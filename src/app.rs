@@ -7,7 +7,7 @@ use crate::engine::cost::CostModel;
 use crate::engine::prefix::PrefixCache;
 use crate::engine::{self, EngineConfig};
 use crate::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
-use crate::http::prompt::{Prompter, Template};
+use crate::http::prompt::Prompter;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
@@ -81,7 +81,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         0 => CTX_TOKENS_DEFAULT_MAX,
         n => n.min(CTX_TOKENS_DEFAULT_MAX),
     });
-    let prompter = Prompter::new(Arc::clone(&model));
+    let prompter = Prompter::new(Arc::clone(&model), cfg.chat_template_file.as_deref())?;
     let metrics = Arc::new(Metrics::default());
 
     // The engine thread creates the context: ggml pins the creating thread as its
@@ -294,12 +294,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     let addr = format!("{}:{}", cfg.host, cfg.port);
     let listener = TcpListener::bind(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
-    let template = match prompter.template() {
-        Template::Model(_) => "the model's chat template",
-        Template::ChatMlFallback => {
-            "ChatML (fallback: the model's template is missing or not recognised)"
-        }
-    };
+    let template = prompter.template_source().describe();
     crate::say!(
         "sluice: model {} ({}), context {n_ctx} tokens (trained {n_ctx_train}), chat: {template}",
         cfg.model.display(),

@@ -24,3 +24,4 @@ mod notify;
 mod priority;
 mod ratelimit;
 mod stream;
+mod template;

@@ -35,6 +35,10 @@ pub struct ServeArgs {
     /// model name reported by the API (default: the file name without .gguf)
     #[argh(option)]
     pub model_name: Option<String>,
+    /// jinja chat template file to use instead of the model's own (default:
+    /// the GGUF's tokenizer.chat_template; ChatML if it has none)
+    #[argh(option)]
+    pub chat_template_file: Option<PathBuf>,
     /// address to listen on (default: 127.0.0.1)
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub host: String,

@@ -166,6 +166,7 @@ impl Config {
 pub struct Config {
     pub model: PathBuf,
     pub model_name: String,
+    pub chat_template_file: Option<PathBuf>,
     pub host: String,
     pub port: u16,
     pub cpus: Vec<usize>,
@@ -431,6 +432,7 @@ impl Config {
         Ok(Config {
             model: a.model,
             model_name,
+            chat_template_file: a.chat_template_file,
             host: a.host,
             port: a.port,
             cpus,

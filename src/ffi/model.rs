@@ -208,46 +208,18 @@ impl Model {
         Vec::new()
     }
 
-    /// Renders a chat with llama.cpp's built-in template matcher. `None` when the
-    /// template is not one llama.cpp recognises (it matches by substring, not Jinja).
-    pub fn apply_chat_template(&self, template: &str, messages: &[(&str, &str)]) -> Option<String> {
-        let tmpl = CString::new(template).ok()?;
-        let owned: Vec<(CString, CString)> = messages
-            .iter()
-            .map(|(r, c)| Some((CString::new(*r).ok()?, CString::new(*c).ok()?)))
-            .collect::<Option<_>>()?;
-        let chat: Vec<sys::llama_chat_message> = owned
-            .iter()
-            .map(|(r, c)| sys::llama_chat_message {
-                role: r.as_ptr(),
-                content: c.as_ptr(),
-            })
-            .collect();
-        let content_bytes: usize = messages.iter().map(|(r, c)| r.len() + c.len()).sum();
-        let mut buf = vec![0u8; 2 * content_bytes + 1024];
-        for _ in 0..2 {
-            // SAFETY: the messages' C strings live until after the call; llama.cpp
-            // writes at most `buf.len()` bytes and says how many it needed.
-            let n = unsafe {
-                sys::llama_chat_apply_template(
-                    tmpl.as_ptr(),
-                    chat.as_ptr(),
-                    chat.len(),
-                    true,
-                    buf.as_mut_ptr() as *mut c_char,
-                    i32::try_from(buf.len()).ok()?,
-                )
-            };
-            if n < 0 {
-                return None;
-            }
-            if (n as usize) <= buf.len() {
-                buf.truncate(n as usize);
-                return String::from_utf8(buf).ok();
-            }
-            buf.resize(n as usize, 0);
-        }
-        None
+    /// The beginning-of-sequence token, if the vocabulary has one.
+    pub fn bos(&self) -> Option<Token> {
+        // SAFETY: a live vocabulary.
+        let t = unsafe { sys::llama_vocab_bos(self.vocab.as_ptr()) };
+        (t >= 0).then_some(t)
+    }
+
+    /// The end-of-sequence token, if the vocabulary has one.
+    pub fn eos(&self) -> Option<Token> {
+        // SAFETY: a live vocabulary.
+        let t = unsafe { sys::llama_vocab_eos(self.vocab.as_ptr()) };
+        (t >= 0).then_some(t)
     }
 }
 

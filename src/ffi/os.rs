@@ -191,3 +191,27 @@ pub fn raise_nofile_limit() -> u64 {
         lim.rlim_cur
     }
 }
+
+/// The local time formatted by C's `strftime` (what Python's `strftime` calls),
+/// or `None` for a format that is empty, has a NUL or formats to over 256 bytes.
+pub fn strftime_now(format: &str) -> Option<String> {
+    let fmt = std::ffi::CString::new(format).ok()?;
+    let mut buf = [0u8; 256];
+    // SAFETY: `time` with a null pointer only returns; `localtime_r` writes the
+    // `tm` given; `strftime` writes at most `buf.len()` bytes and returns how
+    // many (0 when it did not fit), reading a NUL-terminated format.
+    let n = unsafe {
+        let now = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            return None;
+        }
+        libc::strftime(
+            buf.as_mut_ptr() as *mut libc::c_char,
+            buf.len(),
+            fmt.as_ptr(),
+            &tm,
+        )
+    };
+    (n > 0).then(|| String::from_utf8_lossy(&buf[..n]).into_owned())
+}

@@ -313,7 +313,7 @@ fn prepare(
     let prompt = state
         .prompter
         .tokens(&valid.input)
-        .map_err(|m| ApiError::invalid("prompt", m))?;
+        .map_err(|m| ApiError::invalid(valid.input.param(), m))?;
     if prompt.is_empty() {
         return Err(ApiError::invalid(
             "prompt",

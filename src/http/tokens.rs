@@ -54,7 +54,7 @@ pub(super) fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError>
     let tokens = state
         .prompter
         .tokens(&input)
-        .map_err(|m| ApiError::invalid("prompt", m))?;
+        .map_err(|m| ApiError::invalid(input.param(), m))?;
     Ok(json!({
         "tokens": tokens,
         "count": tokens.len(),

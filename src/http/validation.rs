@@ -53,6 +53,16 @@ pub enum Input {
     Tokens(Vec<i32>),
 }
 
+impl Input {
+    /// The request field the input came from.
+    pub fn param(&self) -> &'static str {
+        match self {
+            Input::Chat(_) => "messages",
+            Input::Text(_) | Input::Tokens(_) => "prompt",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ValidRequest {
     pub api: Api,

@@ -424,3 +424,74 @@ fn tokenize_counts_what_a_request_is_charged_and_detokenize_inverts_it() {
         404
     );
 }
+
+#[test]
+fn a_chat_template_file_replaces_the_models_and_its_refusals_are_400s() {
+    let dir = std::env::temp_dir().join(format!("sluice-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plain.jinja");
+    // A template of its own: "ROLE: content" lines, and a refusal of chats
+    // that do not end with the user.
+    std::fs::write(
+        &path,
+        "{% if messages[-1]['role'] != 'user' %}{{ raise_exception('the last message must be the user\\'s') }}{% endif %}\
+{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n{% endfor %}ASSISTANT:",
+    )
+    .unwrap();
+    let srv = Server::start(&["--chat-template-file", path.to_str().unwrap()]);
+    assert!(
+        srv.log().contains("chat: the Jinja template in"),
+        "{}",
+        srv.log()
+    );
+    let messages = json!([{"role": "user", "content": "Say hi."}]);
+    let r = srv.post("/tokenize", &json!({"messages": messages}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let chat_tokens = r.body_json()["count"].as_u64().unwrap();
+    let r = srv.post("/tokenize", &json!({"prompt": "USER: Say hi.\nASSISTANT:"}));
+    assert_eq!(
+        r.body_json()["count"].as_u64().unwrap(),
+        chat_tokens,
+        "the file's template rendered"
+    );
+    let r = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(
+        r.body_json()["usage"]["prompt_tokens"].as_u64().unwrap(),
+        chat_tokens
+    );
+    let r = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}], "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 400, "{}", String::from_utf8_lossy(&r.body));
+    let e = &r.body_json()["error"];
+    assert_eq!(e["param"], "messages", "{e}");
+    assert_eq!(e["message"], "the last message must be the user's", "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_chat_template_file_that_does_not_compile_stops_start_up_with_its_line() {
+    let dir = std::env::temp_dir().join(format!("sluice-badtemplate-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.jinja");
+    std::fs::write(&path, "ok\n{% for %}").unwrap();
+    let out = std::process::Command::new(binary())
+        .args(["serve", "--port", "0", "--chat-template-file"])
+        .arg(&path)
+        .arg("--model")
+        .arg(model_path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("chat template does not compile") && err.contains("line 2"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

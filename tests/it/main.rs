@@ -15,6 +15,7 @@ mod memory;
 mod prefix;
 mod priority;
 mod scale_out;
+mod sdk;
 mod service;
 mod startup;
 mod threads;
