@@ -25,6 +25,9 @@ pub const STREAM_BUFFER_TOKENS_MAX: usize = 256;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// The request left the queue for a slot: it can no longer be shed, and
+    /// its first token comes after its prefill.
+    Started,
     /// Log-probabilities of the prompt's tokens (only for `echo` with `logprobs`).
     Prompt {
         logprobs: Vec<TokenLogprob>,

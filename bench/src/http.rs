@@ -263,6 +263,8 @@ pub fn read_chunk(r: &mut impl BufRead) -> io::Result<Option<Vec<u8>>> {
 #[derive(Default)]
 pub struct SseParser {
     pending: Vec<u8>,
+    /// Events that were only comments (`: keep-alive`), skipped so far.
+    pub comments: usize,
 }
 
 impl SseParser {
@@ -286,6 +288,9 @@ impl SseParser {
                 .collect();
             if !data.is_empty() {
                 return Some(data.join("\n"));
+            }
+            if text.lines().any(|l| l.starts_with(':')) {
+                self.comments += 1;
             }
         }
     }
@@ -357,6 +362,11 @@ impl Sse {
         read_body(&mut self.reader, &self.headers)
     }
 
+    /// Comment-only events (`: keep-alive`) read so far.
+    pub fn comments(&self) -> usize {
+        self.parser.comments
+    }
+
     /// The next event's data (`[DONE]` included); `None` when the body ended.
     pub fn next_data(&mut self) -> io::Result<Option<String>> {
         loop {
@@ -421,6 +431,7 @@ mod tests {
         let mut p = SseParser::default();
         p.push(b": keep-alive\n\ndata: line1\ndata:line2\r\n\r\nevent: x\ndata: y\n\n");
         assert_eq!(p.next_event().as_deref(), Some("line1\nline2"));
+        assert_eq!(p.comments, 1, "the keep-alive was counted");
         assert_eq!(p.next_event().as_deref(), Some("y"));
         assert_eq!(p.next_event(), None);
     }

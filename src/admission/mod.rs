@@ -37,12 +37,50 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// How a request's sampled tokens shift the next token's logits, as OpenAI
+/// and vLLM define them: `logit_bias` adds to a token's logit; presence and
+/// frequency penalties subtract, per token already generated, `presence` once
+/// and `frequency` per time it was generated; the repetition penalty (vLLM's,
+/// from the CTRL paper) divides a positive logit of a token seen in the prompt
+/// or the output by it and multiplies a negative one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Penalties {
+    pub presence: f32,
+    pub frequency: f32,
+    /// 1 is none.
+    pub repetition: f32,
+    /// (token, bias) pairs, each token once.
+    pub logit_bias: Vec<(Token, f32)>,
+}
+
+impl Default for Penalties {
+    fn default() -> Penalties {
+        Penalties {
+            presence: 0.0,
+            frequency: 0.0,
+            repetition: 1.0,
+            logit_bias: Vec::new(),
+        }
+    }
+}
+
+impl Penalties {
+    /// Whether they leave every logit as it is (the sampler's fast path).
+    pub fn is_none(&self) -> bool {
+        self.presence == 0.0
+            && self.frequency == 0.0
+            && self.repetition == 1.0
+            && self.logit_bias.is_empty()
+    }
+}
+
 /// What a request asks the engine to generate.
 #[derive(Debug, Clone)]
 pub struct GenParams {
     /// Most tokens to generate (0 only with `echo_logprobs`: score the prompt).
     pub max_tokens: usize,
     pub sampling: SamplingParams,
+    pub penalties: Penalties,
     pub stop: Vec<String>,
     /// Keep generating past end-of-generation tokens (until `max_tokens`).
     pub ignore_eos: bool,

@@ -190,6 +190,11 @@ pub struct ServeArgs {
     /// (default: 30000)
     #[argh(option, default = "30_000")]
     pub stall_timeout_ms: u64,
+    /// a stream that has left the queue is sent an SSE comment (": keep-alive")
+    /// this often until its first token, so that proxies and clients with
+    /// read timeouts wait through a long prefill, in milliseconds (default: 2000)
+    #[argh(option, default = "2_000")]
+    pub sse_keep_alive_ms: u64,
     /// a request body must arrive whole within this, counted from the end of
     /// its head (else 408), in milliseconds (default: 10000)
     #[argh(option, default = "10_000")]

@@ -208,6 +208,8 @@ pub struct Config {
     pub stream_buffer_tokens: usize,
     pub request_timeout_ms: u64,
     pub stall_timeout: Duration,
+    /// `--sse-keep-alive-ms`.
+    pub sse_keep_alive: Duration,
     pub drain_timeout: Duration,
     pub drain_notice: Duration,
     pub client_timeout: Duration,
@@ -378,6 +380,12 @@ impl Config {
         )?;
         check_range("--stall-timeout-ms", a.stall_timeout_ms, 1, DURATION_MS_MAX)?;
         check_range(
+            "--sse-keep-alive-ms",
+            a.sse_keep_alive_ms,
+            10,
+            DURATION_MS_MAX,
+        )?;
+        check_range(
             "--send-buffer-bytes",
             a.send_buffer_bytes,
             SEND_BUFFER_BYTES_MIN,
@@ -466,6 +474,7 @@ impl Config {
             stream_buffer_tokens: a.stream_buffer_tokens,
             request_timeout_ms: a.request_timeout_ms,
             stall_timeout: Duration::from_millis(a.stall_timeout_ms),
+            sse_keep_alive: Duration::from_millis(a.sse_keep_alive_ms),
             drain_timeout: Duration::from_millis(a.drain_timeout_ms),
             drain_notice: Duration::from_millis(a.drain_notice_ms),
             client_timeout: Duration::from_millis(a.client_timeout_ms),

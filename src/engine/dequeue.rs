@@ -21,7 +21,7 @@ pub(super) enum Start {
     /// Answered without running (deadline, client gone, shed).
     Refused,
     /// Its KV cells are not free yet: it goes back to the head of its queue.
-    NoRoom(Job),
+    NoRoom(Box<Job>),
 }
 
 /// Why a job leaves the queue without running.
@@ -118,7 +118,7 @@ impl Engine {
                 // nothing of its class overtakes it; interactive jobs still
                 // may, batch ones never overtake an interactive one.
                 Start::NoRoom(job) => {
-                    self.held[class.index()] = Some(job);
+                    self.held[class.index()] = Some(*job);
                     if class == Class::Interactive {
                         break false;
                     }
@@ -165,7 +165,7 @@ impl Engine {
             class == Class::Batch && self.batch_kv_cells_reserved + cells > self.cfg.batch_kv_cells;
         // Cached prefixes hold no cells: they never make a job wait.
         if self.kv_cells_reserved + cells > self.cfg.n_ctx || batch_over {
-            return Start::NoRoom(job);
+            return Start::NoRoom(Box::new(job));
         }
         let (source, mut reuse) = self.reuse_source(&job);
         // Cells shared in place are in the runs their owner's are; a restored
@@ -289,7 +289,7 @@ impl Engine {
             .fetch_add(1, Ordering::Relaxed);
         let seq = Seq {
             _slot: slot_hold,
-            sampler: sample::Sampler::new(&job.gen.sampling),
+            sampler: sample::Sampler::new(&job.gen.sampling, &job.gen.penalties, &job.prompt),
             text: TextAssembler::new(job.gen.stop.clone()),
             admitted: self.admitted,
             n_past: reuse,
@@ -307,6 +307,9 @@ impl Engine {
             done: false,
             job,
         };
+        // The channel is new and empty, so this never finds it full; a
+        // handler that already left is seen through its cancel flag.
+        let _ = seq.job.events.try_send(Event::Started);
         self.slots[slot] = Some(seq);
         Start::Started
     }

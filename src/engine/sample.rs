@@ -14,33 +14,112 @@
 //! min-p keeps the tokens whose probability at temperature 1 is at least
 //! `min_p` times the most likely one's, as llama.cpp's chain does (it applies
 //! min-p before temperature): `l >= max + ln(min_p)`.
+//!
+//! Before any of them, a request's `Penalties` (logit bias, presence,
+//! frequency and repetition penalties) change the row in place, touching only
+//! the tokens they name or the sequence has seen; without them the row is
+//! not touched. Reported log-probabilities are of the changed row.
 
+use crate::admission::Penalties;
 use crate::ffi::{self, Context, SamplingParams, Token};
+use std::collections::{HashMap, HashSet};
 
-/// A sequence's sampler.
-pub enum Sampler {
+/// A sequence's sampler: its penalties, then how it picks.
+pub struct Sampler {
+    pick: Pick,
+    adjust: Option<Adjust>,
+}
+
+enum Pick {
     Greedy,
     Softmax(Softmax),
     Chain(ffi::ChainSampler),
 }
 
 impl Sampler {
-    pub fn new(p: &SamplingParams) -> Sampler {
-        if p.temperature <= 0.0 {
-            Sampler::Greedy
+    pub fn new(p: &SamplingParams, penalties: &Penalties, prompt: &[Token]) -> Sampler {
+        let pick = if p.temperature <= 0.0 {
+            Pick::Greedy
         } else if p.top_k > 0 || p.top_p < 1.0 {
-            Sampler::Chain(ffi::ChainSampler::new(p))
+            Pick::Chain(ffi::ChainSampler::new(p))
         } else {
-            Sampler::Softmax(Softmax::new(p.temperature, p.min_p, p.seed))
-        }
+            Pick::Softmax(Softmax::new(p.temperature, p.min_p, p.seed))
+        };
+        let adjust = (!penalties.is_none()).then(|| Adjust::new(penalties, prompt));
+        Sampler { pick, adjust }
     }
 
     /// Samples from the logits of batch entry `i` of the last decode.
     pub fn sample(&mut self, ctx: &mut Context, batch: &ffi::Batch, i: usize) -> Token {
-        match self {
-            Sampler::Greedy => super::logprobs::argmax(ctx.logits(batch, i)),
-            Sampler::Softmax(s) => s.sample(ctx.logits(batch, i)),
-            Sampler::Chain(c) => c.sample(ctx, batch, i),
+        if let Some(a) = &self.adjust {
+            a.apply(ctx.logits_mut(batch, i));
+        }
+        let token = match &mut self.pick {
+            Pick::Greedy => super::logprobs::argmax(ctx.logits(batch, i)),
+            Pick::Softmax(s) => s.sample(ctx.logits(batch, i)),
+            Pick::Chain(c) => c.sample(ctx, batch, i),
+        };
+        if let Some(a) = &mut self.adjust {
+            a.accept(token);
+        }
+        token
+    }
+}
+
+/// Penalties and biases over one sequence's tokens.
+pub struct Adjust {
+    p: Penalties,
+    /// How often each token was generated.
+    generated: HashMap<Token, u32>,
+    /// Tokens of the prompt and the output (for the repetition penalty only).
+    seen: HashSet<Token>,
+}
+
+impl Adjust {
+    pub fn new(p: &Penalties, prompt: &[Token]) -> Adjust {
+        let seen = if p.repetition != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            HashSet::new()
+        };
+        Adjust {
+            p: p.clone(),
+            generated: HashMap::new(),
+            seen,
+        }
+    }
+
+    /// Changes a logits row: bias, then the repetition penalty, then presence
+    /// and frequency (vLLM's order). Ids outside the row are skipped (the
+    /// request's were checked against the vocabulary).
+    pub fn apply(&self, row: &mut [f32]) {
+        for &(t, bias) in &self.p.logit_bias {
+            if let Some(l) = row.get_mut(t as usize) {
+                *l += bias;
+            }
+        }
+        let r = self.p.repetition;
+        if r != 1.0 {
+            for &t in &self.seen {
+                if let Some(l) = row.get_mut(t as usize) {
+                    *l = if *l > 0.0 { *l / r } else { *l * r };
+                }
+            }
+        }
+        if self.p.presence != 0.0 || self.p.frequency != 0.0 {
+            for (&t, &n) in &self.generated {
+                if let Some(l) = row.get_mut(t as usize) {
+                    *l -= self.p.presence + self.p.frequency * n as f32;
+                }
+            }
+        }
+    }
+
+    /// Counts a token the sequence generated.
+    pub fn accept(&mut self, token: Token) {
+        *self.generated.entry(token).or_insert(0) += 1;
+        if self.p.repetition != 1.0 {
+            self.seen.insert(token);
         }
     }
 }
@@ -112,6 +191,54 @@ impl Softmax {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn penalties(
+        presence: f32,
+        frequency: f32,
+        repetition: f32,
+        bias: &[(Token, f32)],
+    ) -> Penalties {
+        Penalties {
+            presence,
+            frequency,
+            repetition,
+            logit_bias: bias.to_vec(),
+        }
+    }
+
+    #[test]
+    fn presence_and_frequency_subtract_per_generated_token() {
+        let mut a = Adjust::new(&penalties(0.5, 0.25, 1.0, &[]), &[0, 1, 2]);
+        a.accept(1);
+        a.accept(1);
+        a.accept(3);
+        let mut row = [1.0f32; 5];
+        a.apply(&mut row);
+        // Token 1 twice: 1 - 0.5 - 2 * 0.25; token 3 once: 1 - 0.5 - 0.25;
+        // the prompt's tokens are not penalised (OpenAI counts the output).
+        assert_eq!(row, [1.0, 0.0, 1.0, 0.25, 1.0]);
+    }
+
+    #[test]
+    fn repetition_divides_positive_and_multiplies_negative_logits_of_seen_tokens() {
+        let mut a = Adjust::new(&penalties(0.0, 0.0, 2.0, &[]), &[0, 1]);
+        a.accept(2);
+        let mut row = [4.0f32, -4.0, 3.0, 5.0];
+        a.apply(&mut row);
+        assert_eq!(row, [2.0, -8.0, 1.5, 5.0]);
+    }
+
+    #[test]
+    fn logit_bias_adds_and_minus_100_bans_the_argmax() {
+        let a = Adjust::new(
+            &penalties(0.0, 0.0, 1.0, &[(0, -100.0), (2, 1.5), (99, 5.0)]),
+            &[],
+        );
+        let mut row = [3.0f32, 2.0, 0.0];
+        a.apply(&mut row);
+        assert_eq!(row, [-97.0, 2.0, 1.5]);
+        assert_eq!(crate::engine::logprobs::argmax(&row), 1);
+    }
 
     #[test]
     fn shares_of_the_cumulative_weight_pick_tokens_in_proportion() {

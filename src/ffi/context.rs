@@ -304,6 +304,22 @@ impl Context {
         }
     }
 
+    /// The logits row of batch entry `i`, to change before sampling from it
+    /// (a `ChainSampler` reads the row as changed).
+    pub fn logits_mut(&mut self, batch: &Batch, i: usize) -> &mut [f32] {
+        assert!(
+            batch.wants_logits(i),
+            "logits of entry {i} were not requested"
+        );
+        // SAFETY: as `logits`; writing the floats is what llama.cpp's own
+        // samplers do, and `&mut self` keeps any other slice of the row away.
+        unsafe {
+            let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i as i32);
+            assert!(!p.is_null(), "llama.cpp has no logits for entry {i}");
+            std::slice::from_raw_parts_mut(p, self.n_vocab)
+        }
+    }
+
     /// Frees every KV cell of every sequence and clears the cache's buffers,
     /// which gives their pages back to the kernel (`lazy_zero`).
     pub fn clear_all_cells(&mut self) {

@@ -285,6 +285,24 @@ impl ApiError {
         }
     }
 
+    /// `x-should-retry`, which the OpenAI SDKs read before their own rules
+    /// (they retry 408, 409, 429 and 5xx): `false` where no retry can help,
+    /// `true` where the server says when to come back.
+    pub fn should_retry(&self) -> Option<bool> {
+        match self {
+            // More than the client's whole bucket, or the caller's own time
+            // already gone: a retry is refused the same way, or later still.
+            ApiError::RateLimited {
+                retry_after_s: None,
+                ..
+            }
+            | ApiError::DeadlineExceeded { .. }
+            | ApiError::Timeout { .. } => Some(false),
+            _ if self.retry_after_s().is_some() => Some(true),
+            _ => None,
+        }
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         let param = match self {
             ApiError::InvalidRequest { param, .. } => param.clone(),
@@ -333,6 +351,18 @@ impl ApiError {
     }
 }
 
+/// The wait a refusal asks for, in milliseconds, spread so that clients
+/// refused together do not come back together: `u` (uniform in [0, 1)) picks
+/// a point in [0.5, 1.5) × the estimated wait, whose mean is the estimate.
+pub fn jittered_wait_ms(retry_after_s: u64, u: f64) -> u64 {
+    (retry_after_s as f64 * 1000.0 * (0.5 + u.clamp(0.0, 1.0))).round() as u64
+}
+
+/// `Retry-After` (whole seconds) for a jittered wait: never before it.
+pub fn retry_after_header_s(wait_ms: u64) -> u64 {
+    wait_ms.div_ceil(1000).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,6 +376,18 @@ mod tests {
         assert_eq!(v["error"]["code"], "invalid_request");
         assert_eq!(v["error"]["param"], "messages[1].role");
         assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
+
+    #[test]
+    fn waits_are_spread_around_the_estimate_and_retry_after_is_never_earlier() {
+        assert_eq!(jittered_wait_ms(4, 0.0), 2000);
+        assert_eq!(jittered_wait_ms(4, 0.5), 4000);
+        assert_eq!(jittered_wait_ms(4, 0.999_999), 6000);
+        assert_eq!(jittered_wait_ms(1, 0.25), 750);
+        assert_eq!(retry_after_header_s(750), 1);
+        assert_eq!(retry_after_header_s(1001), 2);
+        assert_eq!(retry_after_header_s(6000), 6);
+        assert_eq!(retry_after_header_s(0), 1);
     }
 
     #[test]

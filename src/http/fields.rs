@@ -20,9 +20,13 @@ const COMMON: &[&str] = &[
     "stream_options",
     "logprobs",
     "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
     // Extensions (vLLM's and llama.cpp's names).
     "top_k",
     "min_p",
+    "repetition_penalty",
     "ignore_eos",
 ];
 
@@ -41,8 +45,6 @@ const METADATA: &[&str] = &["user", "metadata", "safety_identifier", "prompt_cac
 fn is_default(name: &str, value: &Value) -> bool {
     match (name, value) {
         (_, Value::Null) => true,
-        ("frequency_penalty" | "presence_penalty", Value::Number(n)) => n.as_f64() == Some(0.0),
-        ("logit_bias", Value::Object(m)) => m.is_empty(),
         ("tools" | "functions", Value::Array(a)) => a.is_empty(),
         ("tool_choice" | "function_call", Value::String(s)) => s == "none",
         ("response_format", Value::Object(m)) => {
@@ -68,10 +70,6 @@ fn not_implemented(name: &str) -> Option<&'static str> {
         "tools" | "tool_choice" | "functions" | "function_call" => {
             "tool calling is not implemented"
         }
-        "frequency_penalty" | "presence_penalty" => {
-            "only 0 is accepted (no penalties in the sampler)"
-        }
-        "logit_bias" => "only {} is accepted (no logit bias in the sampler)",
         "store" => "sluice stores no completions; only false is accepted",
         "modalities" | "audio" => "sluice answers in text only",
         "prediction" => "predicted outputs are not implemented",
@@ -127,9 +125,12 @@ mod tests {
         let chat = json!({"model": "m", "messages": [], "max_completion_tokens": 3,
             "top_logprobs": 2, "logprobs": true, "user": "u", "metadata": {"k": "v"},
             "stream": true, "stream_options": {"include_usage": true}, "top_k": 4,
-            "min_p": 0.1, "ignore_eos": true, "n": 1, "seed": 3, "stop": ["x"]});
+            "min_p": 0.1, "ignore_eos": true, "n": 1, "seed": 3, "stop": ["x"],
+            "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2,
+            "logit_bias": {"50256": -100}});
         assert_eq!(check_json(Api::Chat, chat), Ok(()));
-        let comp = json!({"prompt": "p", "echo": true, "logprobs": 2, "user": "u"});
+        let comp = json!({"prompt": "p", "echo": true, "logprobs": 2, "user": "u",
+            "frequency_penalty": 1, "logit_bias": {"1": 5}});
         assert_eq!(check_json(Api::Completions, comp), Ok(()));
     }
 
@@ -153,9 +154,6 @@ mod tests {
                 json!([{"type": "function", "function": {"name": "f"}}]),
             ),
             ("tool_choice", json!("required")),
-            ("frequency_penalty", json!(0.5)),
-            ("presence_penalty", json!(-1)),
-            ("logit_bias", json!({"50256": -100})),
             ("store", json!(true)),
             ("modalities", json!(["text", "audio"])),
             ("reasoning_effort", json!("low")),

@@ -408,9 +408,19 @@ fn respond_json(req: Request, status: u16, body: &Value) {
 fn respond_error(req: Request, e: &ApiError) {
     let mut resp = json_response(e.status(), &e.to_json());
     if let Some(s) = e.retry_after_s() {
-        // The OpenAI SDKs read retry-after-ms first.
-        resp.add_header(header("Retry-After", &s.to_string()));
-        resp.add_header(header("retry-after-ms", &(s * 1000).to_string()));
+        // The OpenAI SDKs read retry-after-ms first; both are spread.
+        let ms = error::jittered_wait_ms(s, fastrand::f64());
+        resp.add_header(header(
+            "Retry-After",
+            &error::retry_after_header_s(ms).to_string(),
+        ));
+        resp.add_header(header("retry-after-ms", &ms.to_string()));
+    }
+    if let Some(retry) = e.should_retry() {
+        resp.add_header(header(
+            "x-should-retry",
+            if retry { "true" } else { "false" },
+        ));
     }
     if e.status() == 401 {
         resp.add_header(header("WWW-Authenticate", "Bearer"));

@@ -11,6 +11,9 @@ pub struct Meta<'a> {
     pub created: u64,
     pub model: &'a str,
     pub api: Api,
+    /// `stream_options.include_usage`: every chunk before the usage chunk
+    /// says `"usage": null`, as OpenAI's do.
+    pub include_usage: bool,
 }
 
 impl Meta<'_> {
@@ -31,8 +34,10 @@ impl Meta<'_> {
             "system_fingerprint": concat!("sluice-", env!("CARGO_PKG_VERSION")),
             "choices": if choice.is_null() { json!([]) } else { json!([choice]) },
         });
-        if let Some(u) = usage {
-            v["usage"] = usage_json(u);
+        match usage {
+            Some(u) => v["usage"] = usage_json(u),
+            None if stream && self.include_usage => v["usage"] = Value::Null,
+            None => {}
         }
         v
     }
@@ -205,9 +210,24 @@ mod tests {
             created: 7,
             model: "m",
             api: Api::Chat,
+            include_usage: true,
         };
         let c = meta.text_chunk("hi", &[], 0);
         assert_eq!(c["object"], "chat.completion.chunk");
+        assert_eq!(
+            c.get("usage"),
+            Some(&Value::Null),
+            "usage: null until the usage chunk"
+        );
+        assert_eq!(meta.role_chunk().get("usage"), Some(&Value::Null));
+        let quiet = Meta {
+            id: "chatcmpl-2",
+            created: 7,
+            model: "m",
+            api: Api::Chat,
+            include_usage: false,
+        };
+        assert_eq!(quiet.text_chunk("hi", &[], 0).get("usage"), None);
         assert_eq!(c["choices"][0]["delta"]["content"], "hi");
         assert_eq!(
             meta.finish_chunk(FinishReason::Length)["choices"][0]["finish_reason"],

@@ -46,6 +46,10 @@ impl Prompter {
         })
     }
 
+    pub fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
     pub fn template_source(&self) -> &Source {
         self.template.source()
     }

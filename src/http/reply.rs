@@ -34,6 +34,8 @@ pub(super) struct Waiter {
     pub(super) probed_at: std::cell::Cell<Instant>,
     pub(super) cancel: CancelFlag,
     pub(super) metrics: Arc<Metrics>,
+    /// `--sse-keep-alive-ms`.
+    pub(super) keep_alive: Duration,
 }
 
 impl Waiter {
@@ -54,12 +56,16 @@ impl Waiter {
     }
 
     /// Waits for the next event until the request's deadline, checking that the
-    /// client is still there. Every way of not getting one (timeout, the client
-    /// gone, a stall, a stopped engine, an engine refusal) is an `ApiError`;
-    /// giving up sets the cancel flag first, so the engine stops at its next step.
-    fn next(&self) -> Result<Event, ApiError> {
+    /// client is still there, or until `tick` passes (then `Ok(None)`). Every
+    /// way of not getting one (timeout, the client gone, a stall, a stopped
+    /// engine, an engine refusal) is an `ApiError`; giving up sets the cancel
+    /// flag first, so the engine stops at its next step.
+    fn next_before(&self, tick: Option<Instant>) -> Result<Option<Event>, ApiError> {
         loop {
             let now = Instant::now();
+            if tick.is_some_and(|t| now >= t) {
+                return Ok(None);
+            }
             if now >= self.deadline {
                 self.cancel.cancel(CancelReason::Deadline, self.step());
                 return Err(ApiError::Timeout {
@@ -70,7 +76,10 @@ impl Waiter {
                 self.cancel.cancel(CancelReason::Disconnect, self.step());
                 return Err(ApiError::ClientGone);
             }
-            let wait = PEER_PROBE_INTERVAL.min(self.deadline - now);
+            let mut wait = PEER_PROBE_INTERVAL.min(self.deadline - now);
+            if let Some(t) = tick {
+                wait = wait.min(t - now);
+            }
             match self.rx.recv_timeout(wait) {
                 Ok(Event::Error { kind, message }) => {
                     return Err(match kind {
@@ -87,7 +96,7 @@ impl Waiter {
                         ErrorKind::Shutdown => ApiError::ShuttingDown,
                     })
                 }
-                Ok(event) => return Ok(event),
+                Ok(event) => return Ok(Some(event)),
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(match self.cancel.reason() {
@@ -120,6 +129,11 @@ struct WriteFailed;
 
 /// What the events of one request become.
 trait Sink {
+    /// The request left the queue: it will not be shed.
+    fn started(&mut self) -> Result<(), WriteFailed>;
+    /// When to send a keep-alive, if one is due before the next event.
+    fn keep_alive_at(&self) -> Option<Instant>;
+    fn keep_alive(&mut self) -> Result<(), WriteFailed>;
     /// The prompt's log-probabilities (`echo` with `logprobs`).
     fn prompt(&mut self, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed>;
     fn token(&mut self, text: String, logprob: Option<TokenLogprob>) -> Result<(), WriteFailed>;
@@ -145,6 +159,9 @@ pub(super) fn reply(
             include_usage: v.include_usage,
             pending_echo: echo_text,
             offset: 0,
+            keep_alive: w.keep_alive,
+            last_write: None,
+            tokens_sent: false,
         })
     } else {
         Box::new(JsonSink {
@@ -162,25 +179,29 @@ pub(super) fn reply(
         note: "",
     };
     loop {
-        let written = match w.next() {
+        let written = match w.next_before(sink.keep_alive_at()) {
             Err(e) => return sink.fail(&e, outcome),
-            Ok(Event::Prompt { logprobs }) => sink.prompt(logprobs),
-            Ok(Event::Token { text, logprob, .. }) => {
-                outcome.first_token.get_or_insert_with(|| w.t0.elapsed());
-                // The log's count if the stream ends early (End brings the real usage).
-                outcome.usage.completion_tokens += 1;
-                sink.token(text, logprob)
-            }
-            Ok(Event::End { finish, usage }) => {
-                outcome.usage = usage;
-                let written = sink.end(finish, usage);
-                if written.is_err() {
-                    outcome.note = w.gone_note();
+            Ok(None) => sink.keep_alive(),
+            Ok(Some(event)) => match event {
+                Event::Started => sink.started(),
+                Event::Prompt { logprobs } => sink.prompt(logprobs),
+                Event::Token { text, logprob, .. } => {
+                    outcome.first_token.get_or_insert_with(|| w.t0.elapsed());
+                    // The log's count if the stream ends early (End brings the real usage).
+                    outcome.usage.completion_tokens += 1;
+                    sink.token(text, logprob)
                 }
-                return outcome;
-            }
-            // `Waiter::next` turns errors into `Err`.
-            Ok(Event::Error { .. }) => Ok(()),
+                Event::End { finish, usage } => {
+                    outcome.usage = usage;
+                    let written = sink.end(finish, usage);
+                    if written.is_err() {
+                        outcome.note = w.gone_note();
+                    }
+                    return outcome;
+                }
+                // `Waiter::next_before` turns errors into `Err`.
+                Event::Error { .. } => Ok(()),
+            },
         };
         if written.is_err() {
             // The cancel flag is set: the engine stops at its next step.
@@ -213,6 +234,11 @@ struct SseSink<'a> {
     pending_echo: Option<String>,
     /// Characters sent so far (legacy logprobs' text offsets).
     offset: usize,
+    /// How often to send `: keep-alive` between the start and the first token.
+    keep_alive: Duration,
+    /// When the stream last wrote; `None` before its head.
+    last_write: Option<Instant>,
+    tokens_sent: bool,
 }
 
 impl SseSink<'_> {
@@ -230,6 +256,7 @@ impl SseSink<'_> {
             }
             self.out = Some(out);
         }
+        self.last_write = Some(Instant::now());
         Ok(self.out.as_mut().expect("the stream is started"))
     }
 
@@ -249,6 +276,27 @@ impl SseSink<'_> {
 }
 
 impl Sink for SseSink<'_> {
+    /// The head (and a chat's role chunk) goes out now: a stream that can no
+    /// longer be refused has its status, and bytes flow from here on.
+    fn started(&mut self) -> Result<(), WriteFailed> {
+        self.out().map(|_| ())
+    }
+
+    fn keep_alive_at(&self) -> Option<Instant> {
+        match self.last_write {
+            Some(t) if !self.tokens_sent => Some(t + self.keep_alive),
+            _ => None,
+        }
+    }
+
+    fn keep_alive(&mut self) -> Result<(), WriteFailed> {
+        let w = self.w;
+        self.out()?.keep_alive().map_err(|e| {
+            w.write_failed(&e);
+            WriteFailed
+        })
+    }
+
     fn prompt(&mut self, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed> {
         let text = self.pending_echo.take().unwrap_or_default();
         let entries: Vec<&TokenLogprob> = logprobs.iter().collect();
@@ -256,6 +304,7 @@ impl Sink for SseSink<'_> {
     }
 
     fn token(&mut self, text: String, logprob: Option<TokenLogprob>) -> Result<(), WriteFailed> {
+        self.tokens_sent = true;
         let mut text = text;
         if let Some(echo) = self.pending_echo.take() {
             self.offset += echo.chars().count();
@@ -319,6 +368,19 @@ struct JsonSink<'a> {
 }
 
 impl Sink for JsonSink<'_> {
+    /// A JSON answer has one status, sent with its body: nothing to say early.
+    fn started(&mut self) -> Result<(), WriteFailed> {
+        Ok(())
+    }
+
+    fn keep_alive_at(&self) -> Option<Instant> {
+        None
+    }
+
+    fn keep_alive(&mut self) -> Result<(), WriteFailed> {
+        Ok(())
+    }
+
     fn prompt(&mut self, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed> {
         self.logprobs.extend(logprobs);
         Ok(())

@@ -160,6 +160,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
         created: unix_now(),
         model: &state.cfg.model_name,
         api,
+        include_usage: valid.include_usage,
     };
     let waiter = reply::Waiter {
         rx,
@@ -167,6 +168,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
         deadline: t0 + Duration::from_millis(timeout_ms),
         timeout_ms,
         stall_timeout_ms: state.cfg.stall_timeout.as_millis() as u64,
+        keep_alive: state.cfg.sse_keep_alive,
         probe,
         probed_at: std::cell::Cell::new(t0),
         cancel,
@@ -281,23 +283,34 @@ fn priority_class(req: &Request) -> Result<Class, ApiError> {
     })
 }
 
-/// The caller's deadline, `X-Request-Timeout: <seconds>` (a number, as
-/// OpenAI's clients send it), capped by the server's `--request-timeout-ms`;
-/// without the header, the server's ceiling. In milliseconds.
+/// Headers that carry the caller's own timeout, in seconds: sluice's, then
+/// the OpenAI SDKs' (the Node client's total, the Python client's read
+/// timeout, which for a whole JSON answer is its total too). The first one
+/// present counts.
+const TIMEOUT_HEADERS: [&str; 3] = [
+    "X-Request-Timeout",
+    "X-Stainless-Timeout",
+    "X-Stainless-Read-Timeout",
+];
+
+/// The caller's deadline (`TIMEOUT_HEADERS`: a number of seconds), capped by
+/// the server's `--request-timeout-ms`; without one, the server's ceiling. In
+/// milliseconds.
 fn caller_timeout_ms(req: &Request, ceiling_ms: u64) -> Result<u64, ApiError> {
-    let Some(h) = req
-        .headers()
-        .iter()
-        .find(|h| h.field.equiv("X-Request-Timeout"))
-    else {
+    let Some((name, h)) = TIMEOUT_HEADERS.iter().find_map(|name| {
+        req.headers()
+            .iter()
+            .find(|h| h.field.equiv(name))
+            .map(|h| (*name, h))
+    }) else {
         return Ok(ceiling_ms);
     };
     let text = h.value.as_str().trim();
     match text.parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 => Ok(((s * 1000.0).ceil() as u64).clamp(1, ceiling_ms)),
         _ => Err(ApiError::invalid(
-            "X-Request-Timeout",
-            format!("X-Request-Timeout is '{text}'; it must be a positive number of seconds"),
+            name,
+            format!("{name} is '{text}'; it must be a positive number of seconds"),
         )),
     }
 }
@@ -403,6 +416,18 @@ fn gen_params(
         None => state.cfg.max_tokens_default.min(room),
     };
     let seed = v.seed.unwrap_or_else(random_seed);
+    let n_vocab = state.prompter.n_vocab();
+    if let Some(&(bad, _)) = v
+        .penalties
+        .logit_bias
+        .iter()
+        .find(|&&(t, _)| t as usize >= n_vocab)
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!("'logit_bias' names token {bad}, outside the vocabulary of {n_vocab} tokens"),
+        ));
+    }
     Ok((
         GenParams {
             max_tokens,
@@ -413,6 +438,7 @@ fn gen_params(
                 min_p: v.min_p,
                 seed,
             },
+            penalties: v.penalties.clone(),
             stop: v.stop.clone(),
             ignore_eos: v.ignore_eos,
             top_logprobs: v.top_logprobs,

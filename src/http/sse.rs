@@ -38,6 +38,16 @@ pub fn frame_event(data: &str) -> Vec<u8> {
     out
 }
 
+/// An SSE comment line (`: text`), framed as one HTTP chunk: clients ignore
+/// it, proxies and read timeouts see bytes.
+pub fn frame_comment(text: &str) -> Vec<u8> {
+    debug_assert!(!text.contains('\n'));
+    let payload_len = ": ".len() + text.len() + 2;
+    let mut out = format!("{payload_len:x}\r\n: {text}\n\n\r\n").into_bytes();
+    out.shrink_to_fit();
+    out
+}
+
 /// The zero-length chunk that ends a chunked body.
 pub const END_OF_BODY: &[u8] = b"0\r\n\r\n";
 
@@ -62,6 +72,12 @@ impl SseWriter {
 
     pub fn event(&mut self, data: &str) -> io::Result<()> {
         self.out.write_all(&frame_event(data))?;
+        self.out.flush()
+    }
+
+    /// Sends `: keep-alive`.
+    pub fn keep_alive(&mut self) -> io::Result<()> {
+        self.out.write_all(&frame_comment("keep-alive"))?;
         self.out.flush()
     }
 
@@ -110,12 +126,13 @@ mod tests {
     #[test]
     fn events_are_framed_as_exact_chunks() {
         let mut raw = frame_event(r#"{"a":"é"}"#);
+        raw.extend(frame_comment("keep-alive"));
         raw.extend(frame_event("[DONE]"));
         raw.extend_from_slice(END_OF_BODY);
         let body = dechunk(&raw);
         assert_eq!(
             String::from_utf8(body).unwrap(),
-            "data: {\"a\":\"é\"}\n\ndata: [DONE]\n\n"
+            "data: {\"a\":\"é\"}\n\n: keep-alive\n\ndata: [DONE]\n\n"
         );
     }
 

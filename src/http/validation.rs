@@ -5,6 +5,7 @@
 //! name (`fields`), as OpenAI refuses arguments it does not know.
 
 use super::error::ApiError;
+use crate::admission::Penalties;
 use crate::engine::logprobs::TOP_LOGPROBS_MAX;
 use serde_json::{Map, Value};
 
@@ -13,6 +14,8 @@ pub const STOP_STRINGS_MAX: usize = 16;
 pub const STOP_BYTES_MAX: usize = 256;
 /// Most messages in one chat request.
 pub const MESSAGES_MAX: usize = 1024;
+/// Most `logit_bias` entries per request.
+pub const LOGIT_BIAS_MAX: usize = 1024;
 /// Highest `max_tokens` anyone may ask for; the context bounds it further.
 pub const MAX_TOKENS_CEILING: usize = crate::config::CTX_TOKENS_MAX;
 
@@ -75,6 +78,8 @@ pub struct ValidRequest {
     pub top_p: f32,
     pub min_p: f32,
     pub seed: Option<u32>,
+    /// Token ids in `logit_bias` are checked against the vocabulary later.
+    pub penalties: Penalties,
     pub stop: Vec<String>,
     pub ignore_eos: bool,
     /// Alternatives to report per token; `None` reports no log-probabilities.
@@ -162,6 +167,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
         min_p: opt_f32(&obj, "min_p", 0.0, 1.0)?.unwrap_or(0.0),
         seed: opt_int(&obj, "seed", 0, u64::MAX as usize)?
             .map(|s| (s as u64 % (1u64 << 32)) as u32),
+        penalties: parse_penalties(&obj)?,
         stop: parse_stop(&obj)?,
         ignore_eos: opt_bool(&obj, "ignore_eos")?.unwrap_or(false),
         top_logprobs,
@@ -321,6 +327,70 @@ fn parse_stop(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
         ));
     }
     Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+fn parse_penalties(obj: &Map<String, Value>) -> Result<Penalties, ApiError> {
+    let mut logit_bias = Vec::new();
+    match obj.get("logit_bias") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            if m.len() > LOGIT_BIAS_MAX {
+                return Err(ApiError::invalid(
+                    "logit_bias",
+                    format!(
+                        "'logit_bias' has {} entries; the limit is {LOGIT_BIAS_MAX}",
+                        m.len()
+                    ),
+                ));
+            }
+            for (key, v) in m {
+                let token: i32 = key.parse().ok().filter(|t| *t >= 0).ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!(
+                            "'logit_bias' key '{key}' is not a token id (a non-negative integer)"
+                        ),
+                    )
+                })?;
+                let bias = v
+                    .as_f64()
+                    .filter(|b| (-100.0..=100.0).contains(b))
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "logit_bias",
+                            format!("'logit_bias' value for token {token} is {v}; it must be a number from -100 to 100"),
+                        )
+                    })?;
+                // "1" and "01" are the same token: the last one given wins.
+                logit_bias.retain(|&(t, _)| t != token);
+                logit_bias.push((token, bias as f32));
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "logit_bias",
+                "'logit_bias' must be an object mapping token ids to biases",
+            ))
+        }
+    }
+    let repetition = match obj.get("repetition_penalty") {
+        None | Some(Value::Null) => 1.0,
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|r| r > 0.0 && r <= 10.0) => {
+            n.as_f64().unwrap_or(1.0) as f32
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "repetition_penalty",
+                format!("'repetition_penalty' is {v}; it must be a number above 0 and at most 10 (1 is none)"),
+            ))
+        }
+    };
+    Ok(Penalties {
+        presence: opt_f32(obj, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        frequency: opt_f32(obj, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        repetition,
+        logit_bias,
+    })
 }
 
 fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {

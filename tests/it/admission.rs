@@ -58,24 +58,38 @@ fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
     let refused: Vec<&Response> = responses.iter().filter(|r| r.status == 429).collect();
     assert_eq!(ok.len() + refused.len(), n, "only 200 and 429 expected");
     assert_eq!(ok.len(), 5, "exactly running (2) + queued (3) are admitted");
+    // Each refusal's wait is spread around the estimate, so that clients
+    // refused together do not come back together.
+    let mut waits_ms = std::collections::HashSet::new();
     for r in &refused {
         let wait: u64 = r
             .header("Retry-After")
             .expect("Retry-After")
             .parse()
             .expect("seconds");
-        assert!(wait >= 1);
         let v = r.body_json();
         assert_eq!(v["error"]["code"], "queue_full", "{v}");
         assert_eq!(v["error"]["queue"]["depth_max"], 3);
-        assert_eq!(v["error"]["queue"]["estimated_wait_s"], wait);
+        let estimate = v["error"]["queue"]["estimated_wait_s"].as_u64().unwrap();
+        assert!(estimate >= 1, "{v}");
         let ms: u64 = r
             .header("retry-after-ms")
             .expect("retry-after-ms (the OpenAI SDKs read it first)")
             .parse()
             .expect("ms");
-        assert_eq!(ms, wait * 1000);
+        assert!(
+            (estimate * 500..=estimate * 1500).contains(&ms),
+            "{ms} ms for an estimate of {estimate} s"
+        );
+        assert_eq!(
+            wait,
+            ms.div_ceil(1000).max(1),
+            "Retry-After is never earlier"
+        );
+        assert_eq!(r.header("x-should-retry"), Some("true"));
+        waits_ms.insert(ms);
     }
+    assert!(waits_ms.len() > 1, "25 refusals, one wait: {waits_ms:?}");
     for r in &ok {
         assert_eq!(r.body_json()["usage"]["completion_tokens"], 200);
     }
@@ -178,12 +192,29 @@ fn a_request_whose_deadline_passes_in_the_queue_is_never_run() {
         ],
     );
     assert_eq!(r.status, 504, "{}", String::from_utf8_lossy(&r.body));
-    // Free the slot: the engine dequeues the expired request and drops it.
+    assert_eq!(
+        r.header("x-should-retry"),
+        Some("false"),
+        "its time is gone"
+    );
+    // The OpenAI Python client's own timeout header is a deadline too.
+    let r = request(
+        srv.addr,
+        "POST",
+        "/v1/completions",
+        Some(body.to_string().as_bytes()),
+        &[
+            ("Content-Type", "application/json"),
+            ("X-Stainless-Read-Timeout", "0.5"),
+        ],
+    );
+    assert_eq!(r.status, 504, "{}", String::from_utf8_lossy(&r.body));
+    // Free the slot: the engine dequeues the expired requests and drops them.
     drop(running);
     wait_until(
         Duration::from_secs(60),
-        "the expired request to be dropped",
-        || srv.metric("sluice_requests_dropped_total{reason=\"deadline\"}") == 1.0,
+        "the expired requests to be dropped",
+        || srv.metric("sluice_requests_dropped_total{reason=\"deadline\"}") == 2.0,
     );
     assert_eq!(
         srv.metric("sluice_prompt_tokens_total"),

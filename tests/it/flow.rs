@@ -200,3 +200,38 @@ fn a_slow_reader_pauses_its_own_sequence_and_is_cancelled_after_the_stall_timeou
     );
     assert!(slow_generated < 2000.0);
 }
+
+#[test]
+fn a_stream_that_left_the_queue_gets_its_head_and_keep_alives_until_its_first_token() {
+    // A ~6,000-token prompt takes far longer than 10 ms to prefill on any CPU.
+    let srv = Server::start(&["--sse-keep-alive-ms", "10"]);
+    let body = json!({"messages": [{"role": "user", "content": long_prompt(300)}],
+                      "stream": true, "max_tokens": 4, "temperature": 0});
+    let mut sse = Sse::open(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(sse.status, 200);
+    // The role chunk comes with the head, as soon as the request has a slot.
+    let role = sse.next_json().expect("the role chunk");
+    assert_eq!(role["choices"][0]["delta"]["role"], "assistant", "{role}");
+    assert_eq!(sse.comments(), 0);
+    // Then comments, until the first token's chunk.
+    let first = loop {
+        let v = sse.next_json().expect("a token before the end");
+        if !delta_text(&v).is_empty() || v["choices"][0]["finish_reason"].is_string() {
+            break v;
+        }
+    };
+    let before_first = sse.comments();
+    assert!(
+        before_first >= 1,
+        "no keep-alive during the prefill: {first}"
+    );
+    // None once tokens flow.
+    collect_stream(&mut sse);
+    assert_eq!(
+        sse.comments(),
+        before_first,
+        "keep-alives stop at the first token"
+    );
+    // A stream still in the queue is not started: it may yet be refused with
+    // its own status (covered by the admission tests' 503s and 504s).
+}

@@ -251,6 +251,11 @@ impl Sse {
         self.inner.next_data().expect("well-formed event stream")
     }
 
+    /// Comment-only events (`: keep-alive`) read so far.
+    pub fn comments(&self) -> usize {
+        self.inner.comments()
+    }
+
     /// The next event parsed as JSON; `None` at `[DONE]` or the end.
     pub fn next_json(&mut self) -> Option<Value> {
         self.inner.next_json().expect("well-formed JSON event")

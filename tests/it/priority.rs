@@ -244,11 +244,16 @@ fn a_client_over_its_bucket_gets_429_while_another_client_is_served() {
     let v = again.body_json();
     assert_eq!(v["error"]["code"], "rate_limit_exceeded", "{v}");
     assert_eq!(v["error"]["type"], "rate_limit_error");
-    let wait: u64 = again
-        .header("Retry-After")
-        .expect("Retry-After")
+    let wait_ms: u64 = again
+        .header("retry-after-ms")
+        .expect("retry-after-ms")
         .parse()
-        .expect("seconds");
+        .expect("ms");
+    let wait = v["error"]["rate_limit"]["retry_after_s"].as_u64().unwrap();
+    assert!(
+        (wait * 500..=wait * 1500).contains(&wait_ms),
+        "{wait_ms} ms, {v}"
+    );
     let cost = v["error"]["rate_limit"]["cost_tokens"].as_u64().unwrap();
     let available = v["error"]["rate_limit"]["available_tokens"]
         .as_u64()
@@ -271,6 +276,11 @@ fn a_client_over_its_bucket_gets_429_while_another_client_is_served() {
     assert_eq!(never.status, 429, "more than the bucket ever holds");
     assert_eq!(never.body_json()["error"]["code"], "rate_limit_exceeded");
     assert!(never.header("Retry-After").is_none(), "no wait helps");
+    assert_eq!(
+        never.header("x-should-retry"),
+        Some("false"),
+        "no retry helps"
+    );
 
     assert_eq!(class_metric(&srv, "interactive", "rate_limited"), 2.0);
     assert_eq!(srv.metric("sluice_rate_limited_clients"), 2.0);

@@ -40,13 +40,16 @@ fn run_checks(srv: &Server, checks: &[&str]) {
 }
 
 #[test]
-fn the_openai_client_sees_the_models_own_template_and_refused_fields() {
+fn the_openai_client_sees_the_models_template_its_penalties_and_refused_fields() {
     let srv = Server::start(&[]);
     run_checks(
         &srv,
         &[
             "prompt_tokens_are_the_models_jinja_template_rendered_in_python",
             "an_unimplemented_field_gets_400_naming_it",
+            "frequency_penalty_changes_a_greedy_answer_that_repeats",
+            "presence_and_repetition_penalties_change_it_too",
+            "logit_bias_bans_and_forces_tokens",
         ],
     );
 }

@@ -106,6 +106,60 @@ def check_an_unimplemented_field_gets_400_naming_it():
         raise AssertionError("a request with an unknown field was answered 200")
 
 
+def greedy(messages, **kw):
+    kw.setdefault("max_tokens", 40)
+    return chat(messages, temperature=0, **kw).choices[0].message.content
+
+
+def most_repeated(text):
+    counts = {}
+    for t in tokenize(text):
+        counts[t] = counts.get(t, 0) + 1
+    return max(counts.values())
+
+
+REPEATS = [{"role": "user", "content": "Write the word 'hello' twenty times."}]
+
+
+def check_frequency_penalty_changes_a_greedy_answer_that_repeats():
+    plain = greedy(REPEATS)
+    assert most_repeated(plain) >= 5, f"the greedy answer does not repeat: {plain!r}"
+    assert greedy(REPEATS) == plain, "greedy is deterministic"
+    penalised = greedy(REPEATS, frequency_penalty=2.0)
+    assert penalised != plain, penalised
+    assert most_repeated(penalised) < most_repeated(plain), (plain, penalised)
+
+
+def check_presence_and_repetition_penalties_change_it_too():
+    plain = greedy(REPEATS)
+    assert greedy(REPEATS, presence_penalty=2.0) != plain
+    assert greedy(REPEATS, extra_body={"repetition_penalty": 1.5}) != plain
+    # Negative penalties are allowed (they encourage repeats); out of range is 400.
+    try:
+        greedy(REPEATS, frequency_penalty=2.5)
+    except openai.BadRequestError as e:
+        assert e.body.get("param") == "frequency_penalty", e.body
+    else:
+        raise AssertionError("frequency_penalty 2.5 was accepted")
+
+
+def check_logit_bias_bans_and_forces_tokens():
+    plain = greedy(REPEATS, max_tokens=4)
+    first = tokenize(plain)[0]
+    banned = greedy(REPEATS, max_tokens=4, logit_bias={str(first): -100})
+    assert tokenize(banned)[0] != first, (plain, banned)
+    # +100 on one token makes greedy pick it every time.
+    forced = tokenize(" banana")[0]
+    text = greedy(REPEATS, max_tokens=3, logit_bias={str(forced): 100})
+    assert tokenize(text) == [forced] * 3, text
+    try:
+        greedy(REPEATS, logit_bias={"999999999": 1})
+    except openai.BadRequestError as e:
+        assert e.body.get("param") == "logit_bias", e.body
+    else:
+        raise AssertionError("a token outside the vocabulary was accepted")
+
+
 # --- runner ------------------------------------------------------------------
 
 

@@ -617,14 +617,26 @@ pub(crate) fn refusal_bytes(r: &Refusal, retry_after_s: Option<u64>, close: bool
         out.push_str("Connection: close\r\n");
     }
     if let Some(s) = retry_after_s {
-        out.push_str(&format!(
-            "Retry-After: {s}\r\nretry-after-ms: {}\r\n",
-            s * 1000
-        ));
+        let (s, ms) = jittered_wait(s);
+        out.push_str(&format!("Retry-After: {s}\r\nretry-after-ms: {ms}\r\n"));
     }
     out.push_str("\r\n");
     out.push_str(&body);
     out.into_bytes()
+}
+
+/// sluice patch: a refusal's wait spread over [0.5, 1.5) x `retry_after_s`,
+/// so clients refused together do not come back together: (`Retry-After` in
+/// whole seconds, never earlier than the milliseconds; `retry-after-ms`, which
+/// the OpenAI SDKs read first). The spread comes from the clock's nanoseconds.
+pub(crate) fn jittered_wait(retry_after_s: u64) -> (u64, u64) {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    // A multiplicative hash, so that calls close in time spread too.
+    let u = f64::from(nanos.wrapping_mul(2_654_435_761) >> 8) / f64::from(1u32 << 24);
+    let ms = (retry_after_s as f64 * 1000.0 * (0.5 + u)).round() as u64;
+    (ms.div_ceil(1000).max(1), ms)
 }
 
 fn json_string(s: &str) -> String {
@@ -1142,6 +1154,19 @@ mod tests {
     }
 
     #[test]
+    fn refusal_waits_spread_over_half_to_one_and_a_half_times_and_round_up() {
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let (s, ms) = jittered_wait(2);
+            assert!((1000..3000).contains(&ms), "{}", ms);
+            assert_eq!(s, (ms + 999) / 1000);
+            seen.insert(ms);
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        assert!(seen.len() > 20, "spread: {} distinct waits", seen.len());
+    }
+
+    #[test]
     fn refusals_are_complete_responses_that_close() {
         let r = Refusal::new(413, "body_too_large", "over \"1\" byte");
         let text = String::from_utf8(refusal_bytes(&r, Some(2), true)).unwrap();
@@ -1151,7 +1176,7 @@ mod tests {
             text
         );
         assert!(text.contains("\r\nConnection: close\r\n"));
-        assert!(text.contains("\r\nRetry-After: 2\r\n"));
+        assert!(text.contains("\r\nRetry-After: "));
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         assert!(head.contains(&format!("Content-Length: {}", body.len())));
         assert!(body.contains(r#""message":"over \"1\" byte""#), "{}", body);

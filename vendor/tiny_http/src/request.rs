@@ -369,7 +369,8 @@ impl Request {
             code: "server_busy",
             message: "every HTTP handler is busy and their queue is full; retry shortly".into(),
         };
-        let bytes = crate::conn::refusal_bytes(&r, Some(1), false);
+        let (wait_s, wait_ms) = crate::conn::jittered_wait(1);
+        let bytes = crate::conn::refusal_bytes(&r, None, false);
         let body_at = bytes
             .windows(4)
             .position(|w| w == b"\r\n\r\n")
@@ -379,8 +380,12 @@ impl Request {
             .with_header(
                 Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).unwrap(),
             )
-            .with_header(Header::from_bytes(&b"Retry-After"[..], &b"1"[..]).unwrap())
-            .with_header(Header::from_bytes(&b"retry-after-ms"[..], &b"1000"[..]).unwrap());
+            .with_header(
+                Header::from_bytes(&b"Retry-After"[..], wait_s.to_string().as_bytes()).unwrap(),
+            )
+            .with_header(
+                Header::from_bytes(&b"retry-after-ms"[..], wait_ms.to_string().as_bytes()).unwrap(),
+            );
         let _ = self.respond(response);
     }
 
