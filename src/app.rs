@@ -82,6 +82,10 @@ fn serve(cfg: Config) -> Result<(), String> {
         n => n.min(CTX_TOKENS_DEFAULT_MAX),
     });
     let prompter = Prompter::new(Arc::clone(&model), cfg.chat_template_file.as_deref())?;
+    // llguidance's view of the vocabulary, for structured output.
+    let grammars_started = std::time::Instant::now();
+    let grammars = crate::grammar::Grammars::new(&model).map(Arc::new);
+    let grammars_ms = grammars_started.elapsed().as_millis();
     let metrics = Arc::new(Metrics::default());
 
     // The engine thread creates the context: ggml pins the creating thread as its
@@ -300,6 +304,13 @@ fn serve(cfg: Config) -> Result<(), String> {
         cfg.model.display(),
         model.description()
     );
+    match &grammars {
+        Ok(_) => crate::say!(
+            "sluice: structured output (llguidance) over {} tokens, ready in {grammars_ms} ms",
+            model.n_vocab()
+        ),
+        Err(e) => crate::say!("sluice: no structured output for this model: {e}"),
+    }
     let step = match cfg.step_tokens {
         Some(n) => format!("step budget {n} tokens (--step-tokens)"),
         None => format!(
@@ -326,6 +337,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         stopping: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         prompter,
+        grammars,
         prefix: prefix_index,
         admission,
         queue: gauge,

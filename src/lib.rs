@@ -18,6 +18,7 @@ mod calibrate;
 mod config;
 mod engine;
 mod ffi;
+mod grammar;
 pub mod http;
 mod metrics;
 mod notify;

@@ -81,6 +81,8 @@ pub struct GenParams {
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub penalties: Penalties,
+    /// Structured output: what the answer may be, token by token.
+    pub constraint: Option<crate::grammar::Constraint>,
     pub stop: Vec<String>,
     /// Keep generating past end-of-generation tokens (until `max_tokens`).
     pub ignore_eos: bool,

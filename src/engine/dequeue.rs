@@ -141,7 +141,7 @@ impl Engine {
 
     /// Starts `job` in `slot`, or refuses it (deadline passed, client gone,
     /// shed); gives it back when its KV cells are not free yet.
-    pub(super) fn try_start(&mut self, ctx: &mut Context, slot: usize, job: Job) -> Start {
+    pub(super) fn try_start(&mut self, ctx: &mut Context, slot: usize, mut job: Job) -> Start {
         let now = Instant::now();
         let class = job.class;
         // Dead work: its caller has given up, so it never costs a FLOP.
@@ -289,7 +289,13 @@ impl Engine {
             .fetch_add(1, Ordering::Relaxed);
         let seq = Seq {
             _slot: slot_hold,
-            sampler: sample::Sampler::new(&job.gen.sampling, &job.gen.penalties, &job.prompt),
+            sampler: sample::Sampler::new(
+                &job.gen.sampling,
+                &job.gen.penalties,
+                job.gen.constraint.take(),
+                self.model.eos(),
+                &job.prompt,
+            ),
             text: TextAssembler::new(job.gen.stop.clone()),
             admitted: self.admitted,
             n_past: reuse,

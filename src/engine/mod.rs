@@ -444,9 +444,13 @@ impl Engine {
                 }
             }
             // The logits of this pass are read before the next pass's decode.
+            // Sampling (with a structured-output mask, not free) is part of
+            // the step's cost, so it is timed into what the cost model sees.
+            let sampling = Instant::now();
             for (slot, first, n) in placed {
                 self.after_decode(ctx, slot, first, n);
             }
+            took += sampling.elapsed();
         }
         let n_decode = plan.n_decode();
         self.metrics.record_step(n_tokens, n_decode, took);

@@ -17,17 +17,23 @@
 //!
 //! Before any of them, a request's `Penalties` (logit bias, presence,
 //! frequency and repetition penalties) change the row in place, touching only
-//! the tokens they name or the sequence has seen; without them the row is
-//! not touched. Reported log-probabilities are of the changed row.
+//! the tokens they name or the sequence has seen, and a structured-output
+//! `Constraint` sets every token it does not allow to minus infinity; without
+//! them the row is not touched. Reported log-probabilities are of the
+//! changed row.
 
 use crate::admission::Penalties;
 use crate::ffi::{self, Context, SamplingParams, Token};
+use crate::grammar::Constraint;
 use std::collections::{HashMap, HashSet};
 
 /// A sequence's sampler: its penalties, then how it picks.
 pub struct Sampler {
     pick: Pick,
     adjust: Option<Adjust>,
+    constraint: Option<Constraint>,
+    /// End-of-sequence: what a failed constraint lets the sequence end with.
+    eos: Option<Token>,
 }
 
 enum Pick {
@@ -37,7 +43,13 @@ enum Pick {
 }
 
 impl Sampler {
-    pub fn new(p: &SamplingParams, penalties: &Penalties, prompt: &[Token]) -> Sampler {
+    pub fn new(
+        p: &SamplingParams,
+        penalties: &Penalties,
+        constraint: Option<Constraint>,
+        eos: Option<Token>,
+        prompt: &[Token],
+    ) -> Sampler {
         let pick = if p.temperature <= 0.0 {
             Pick::Greedy
         } else if p.top_k > 0 || p.top_p < 1.0 {
@@ -46,13 +58,30 @@ impl Sampler {
             Pick::Softmax(Softmax::new(p.temperature, p.min_p, p.seed))
         };
         let adjust = (!penalties.is_none()).then(|| Adjust::new(penalties, prompt));
-        Sampler { pick, adjust }
+        Sampler {
+            pick,
+            adjust,
+            constraint,
+            eos,
+        }
     }
 
     /// Samples from the logits of batch entry `i` of the last decode.
     pub fn sample(&mut self, ctx: &mut Context, batch: &ffi::Batch, i: usize) -> Token {
         if let Some(a) = &self.adjust {
             a.apply(ctx.logits_mut(batch, i));
+        }
+        if let Some(c) = &mut self.constraint {
+            let row = ctx.logits_mut(batch, i);
+            if let Err(e) = c.mask(row) {
+                // Nothing more can be checked: the answer ends here.
+                crate::say!("sluice: structured output failed, ending the answer: {e}");
+                self.constraint = None;
+                if let Some(eos) = self.eos {
+                    row.fill(f32::NEG_INFINITY);
+                    row[eos as usize] = 0.0;
+                }
+            }
         }
         let token = match &mut self.pick {
             Pick::Greedy => super::logprobs::argmax(ctx.logits(batch, i)),
@@ -61,6 +90,12 @@ impl Sampler {
         };
         if let Some(a) = &mut self.adjust {
             a.accept(token);
+        }
+        if let Some(c) = &mut self.constraint {
+            if let Err(e) = c.accept(token) {
+                crate::say!("sluice: structured output failed, ending the answer: {e}");
+                self.constraint = None;
+            }
         }
         token
     }

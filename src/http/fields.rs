@@ -5,8 +5,14 @@
 //! The README's field table is this module in prose.
 
 use super::error::ApiError;
-use super::validation::Api;
 use serde_json::{Map, Value};
+
+/// Which endpoint a request body is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completions,
+}
 
 /// Fields both APIs implement (their values are checked in `validation`).
 const COMMON: &[&str] = &[
@@ -31,7 +37,12 @@ const COMMON: &[&str] = &[
 ];
 
 /// Chat-only fields implemented.
-const CHAT: &[&str] = &["messages", "max_completion_tokens", "top_logprobs"];
+const CHAT: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "response_format",
+];
 
 /// Completions-only fields implemented.
 const COMPLETIONS: &[&str] = &["prompt", "echo"];
@@ -47,9 +58,6 @@ fn is_default(name: &str, value: &Value) -> bool {
         (_, Value::Null) => true,
         ("tools" | "functions", Value::Array(a)) => a.is_empty(),
         ("tool_choice" | "function_call", Value::String(s)) => s == "none",
-        ("response_format", Value::Object(m)) => {
-            m.len() == 1 && m.get("type").and_then(Value::as_str) == Some("text")
-        }
         ("modalities", Value::Array(a)) => a.len() == 1 && a[0].as_str() == Some("text"),
         ("store", Value::Bool(b)) => !*b,
         // How tools would be called; without tools (refused) it asks nothing.
@@ -64,9 +72,6 @@ fn is_default(name: &str, value: &Value) -> bool {
 /// OpenAI fields sluice does not implement, and what to do instead.
 fn not_implemented(name: &str) -> Option<&'static str> {
     Some(match name {
-        "response_format" => {
-            "structured output is not implemented; only {\"type\": \"text\"} is accepted"
-        }
         "tools" | "tool_choice" | "functions" | "function_call" => {
             "tool calling is not implemented"
         }
@@ -148,7 +153,6 @@ mod tests {
     #[test]
     fn what_would_change_the_answer_is_refused_by_name() {
         for (field, value) in [
-            ("response_format", json!({"type": "json_object"})),
             (
                 "tools",
                 json!([{"type": "function", "function": {"name": "f"}}]),

@@ -61,6 +61,8 @@ pub const LINGER_BYTES_MAX: usize = 64 << 20;
 pub struct AppState {
     pub cfg: Config,
     pub prompter: Prompter,
+    /// Structured output over this model's vocabulary, or why there is none.
+    pub grammars: Result<Arc<crate::grammar::Grammars>, String>,
     /// What the prefix cache holds: a request is charged (client bucket,
     /// queued-token budget) only for the prompt tokens it will prefill.
     pub prefix: Arc<PrefixIndex>,

@@ -4,7 +4,7 @@
 //! the reply folded from the engine's events (`reply`).
 
 use super::error::ApiError;
-use super::validation::{self, Api, Input, ValidRequest};
+use super::validation::{self, Api, Format, Input, ValidRequest};
 use super::{log_request, openai, outcome_of_error, reply, respond_error, AppState};
 use crate::admission::{GenParams, Job};
 use crate::auth;
@@ -428,6 +428,28 @@ fn gen_params(
             format!("'logit_bias' names token {bad}, outside the vocabulary of {n_vocab} tokens"),
         ));
     }
+    let constraint = match &v.format {
+        Format::Text => None,
+        format => {
+            let grammars = state.grammars.as_ref().map_err(|e| {
+                ApiError::invalid(
+                    "response_format",
+                    format!("structured output is not available for this model: {e}"),
+                )
+            })?;
+            Some(match format {
+                Format::JsonSchema { schema, strict } => {
+                    grammars.json_schema(schema, *strict).map_err(|e| {
+                        ApiError::invalid(
+                            "response_format.json_schema.schema",
+                            format!("the schema cannot be enforced: {e}"),
+                        )
+                    })?
+                }
+                _ => grammars.json_object(),
+            })
+        }
+    };
     Ok((
         GenParams {
             max_tokens,
@@ -439,6 +461,7 @@ fn gen_params(
                 seed,
             },
             penalties: v.penalties.clone(),
+            constraint,
             stop: v.stop.clone(),
             ignore_eos: v.ignore_eos,
             top_logprobs: v.top_logprobs,

@@ -5,6 +5,7 @@
 //! name (`fields`), as OpenAI refuses arguments it does not know.
 
 use super::error::ApiError;
+pub use super::fields::Api;
 use crate::admission::Penalties;
 use crate::engine::logprobs::TOP_LOGPROBS_MAX;
 use serde_json::{Map, Value};
@@ -18,12 +19,6 @@ pub const MESSAGES_MAX: usize = 1024;
 pub const LOGIT_BIAS_MAX: usize = 1024;
 /// Highest `max_tokens` anyone may ask for; the context bounds it further.
 pub const MAX_TOKENS_CEILING: usize = crate::config::CTX_TOKENS_MAX;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    Chat,
-    Completions,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
@@ -86,6 +81,22 @@ pub struct ValidRequest {
     pub top_logprobs: Option<usize>,
     /// Completions only: return the prompt (and its log-probabilities) too.
     pub echo: bool,
+    /// Chat only: `response_format`.
+    pub format: Format,
+}
+
+/// What the answer must be (`response_format`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Format {
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid against `schema`; `strict` refuses keywords that cannot be
+    /// enforced.
+    JsonSchema {
+        schema: Value,
+        strict: bool,
+    },
 }
 
 pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
@@ -170,6 +181,10 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
         penalties: parse_penalties(&obj)?,
         stop: parse_stop(&obj)?,
         ignore_eos: opt_bool(&obj, "ignore_eos")?.unwrap_or(false),
+        format: match api {
+            Api::Chat => parse_format(&obj)?,
+            Api::Completions => Format::Text,
+        },
         top_logprobs,
         echo,
     })
@@ -327,6 +342,62 @@ fn parse_stop(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
         ));
     }
     Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+fn parse_format(obj: &Map<String, Value>) -> Result<Format, ApiError> {
+    const P: &str = "response_format";
+    let rf = match obj.get(P) {
+        None | Some(Value::Null) => return Ok(Format::Text),
+        Some(Value::Object(rf)) => rf,
+        Some(_) => return Err(ApiError::invalid(P, "'response_format' must be an object")),
+    };
+    match rf.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(Format::Text),
+        Some("json_object") => Ok(Format::JsonObject),
+        Some("json_schema") => {
+            let Some(Value::Object(js)) = rf.get("json_schema") else {
+                return Err(ApiError::invalid(
+                    "response_format.json_schema",
+                    "'response_format.json_schema' is required with type json_schema: {\"name\": ..., \"schema\": {...}}",
+                ));
+            };
+            match js.get("name") {
+                Some(Value::String(n))
+                    if !n.is_empty()
+                        && n.len() <= 64
+                        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') => {}
+                _ => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.name",
+                        "'response_format.json_schema.name' is required: 1 to 64 of a-z, A-Z, 0-9, _ and -",
+                    ))
+                }
+            }
+            let schema =
+                match js.get("schema") {
+                    Some(s @ Value::Object(_)) => s.clone(),
+                    _ => return Err(ApiError::invalid(
+                        "response_format.json_schema.schema",
+                        "'response_format.json_schema.schema' must be a JSON schema (an object)",
+                    )),
+                };
+            let strict = match js.get("strict") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        "response_format.json_schema.strict",
+                        "'response_format.json_schema.strict' must be true or false",
+                    ))
+                }
+            };
+            Ok(Format::JsonSchema { schema, strict })
+        }
+        _ => Err(ApiError::invalid(
+            "response_format.type",
+            "'response_format.type' must be text, json_object or json_schema",
+        )),
+    }
 }
 
 fn parse_penalties(obj: &Map<String, Value>) -> Result<Penalties, ApiError> {
@@ -566,6 +637,85 @@ mod tests {
             stops.join(",")
         );
         assert_eq!(param_of(chat(&body).unwrap_err()).as_deref(), Some("stop"));
+    }
+
+    #[test]
+    fn response_formats_are_parsed_and_bad_ones_named() {
+        let with = |rf: &str| {
+            chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],"response_format":{rf}}}"#
+            ))
+        };
+        assert_eq!(with(r#"{"type":"text"}"#).unwrap().format, Format::Text);
+        assert_eq!(
+            with(r#"{"type":"json_object"}"#).unwrap().format,
+            Format::JsonObject
+        );
+        assert_eq!(
+            with(r#"{"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":{"type":"object"}}}"#)
+                .unwrap()
+                .format,
+            Format::JsonSchema {
+                schema: serde_json::json!({"type": "object"}),
+                strict: true
+            }
+        );
+        for (rf, param) in [
+            (r#""json""#, "response_format"),
+            (r#"{"type":"yaml"}"#, "response_format.type"),
+            (r#"{"type":"json_schema"}"#, "response_format.json_schema"),
+            (
+                r#"{"type":"json_schema","json_schema":{"schema":{}}}"#,
+                "response_format.json_schema.name",
+            ),
+            (
+                r#"{"type":"json_schema","json_schema":{"name":"a b","schema":{}}}"#,
+                "response_format.json_schema.name",
+            ),
+            (
+                r#"{"type":"json_schema","json_schema":{"name":"p","schema":true}}"#,
+                "response_format.json_schema.schema",
+            ),
+            (
+                r#"{"type":"json_schema","json_schema":{"name":"p","schema":{},"strict":"yes"}}"#,
+                "response_format.json_schema.strict",
+            ),
+        ] {
+            match with(rf) {
+                Err(ApiError::InvalidRequest { param: Some(p), .. }) => {
+                    assert_eq!(p, param, "{rf}")
+                }
+                other => panic!("{rf}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn penalties_and_logit_bias_are_parsed_within_their_ranges() {
+        let r = chat(r#"{"messages":[{"role":"user","content":"x"}],"presence_penalty":-2,"frequency_penalty":1.5,"repetition_penalty":1.1,"logit_bias":{"7":-100,"3":2.5}}"#).unwrap();
+        assert_eq!(r.penalties.presence, -2.0);
+        assert_eq!(r.penalties.frequency, 1.5);
+        assert!((r.penalties.repetition - 1.1).abs() < 1e-6);
+        let mut bias = r.penalties.logit_bias.clone();
+        bias.sort_by_key(|&(t, _)| t);
+        assert_eq!(bias, vec![(3, 2.5), (7, -100.0)]);
+        for (body, param) in [
+            (r#""presence_penalty":2.5"#, "presence_penalty"),
+            (r#""frequency_penalty":"lots""#, "frequency_penalty"),
+            (r#""repetition_penalty":0"#, "repetition_penalty"),
+            (r#""logit_bias":{"x":1}"#, "logit_bias"),
+            (r#""logit_bias":{"-1":1}"#, "logit_bias"),
+            (r#""logit_bias":{"5":101}"#, "logit_bias"),
+            (r#""logit_bias":[1]"#, "logit_bias"),
+        ] {
+            let full = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{body}}}"#);
+            match chat(&full) {
+                Err(ApiError::InvalidRequest { param: Some(p), .. }) => {
+                    assert_eq!(p, param, "{body}")
+                }
+                other => panic!("{body}: {other:?}"),
+            }
+        }
     }
 
     #[test]

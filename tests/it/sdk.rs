@@ -39,17 +39,31 @@ fn run_checks(srv: &Server, checks: &[&str]) {
     }
 }
 
+/// Every check in `openai_sdk.py`, each named so a failure says which.
+const CHECKS: &[&str] = &[
+    "prompt_tokens_are_the_models_jinja_template_rendered_in_python",
+    "an_unimplemented_field_gets_400_naming_it",
+    "frequency_penalty_changes_a_greedy_answer_that_repeats",
+    "presence_and_repetition_penalties_change_it_too",
+    "logit_bias_bans_and_forces_tokens",
+    "json_mode_output_parses",
+    "json_schema_output_validates_for_ten_seeds_at_temperature_1",
+    "the_sdks_pydantic_parse_helper_gets_a_parsed_model",
+    "unsupported_schema_keywords_get_400_naming_them_when_strict",
+];
+
 #[test]
-fn the_openai_client_sees_the_models_template_its_penalties_and_refused_fields() {
+fn the_official_openai_client_gets_what_it_asks_for() {
     let srv = Server::start(&[]);
-    run_checks(
-        &srv,
-        &[
-            "prompt_tokens_are_the_models_jinja_template_rendered_in_python",
-            "an_unimplemented_field_gets_400_naming_it",
-            "frequency_penalty_changes_a_greedy_answer_that_repeats",
-            "presence_and_repetition_penalties_change_it_too",
-            "logit_bias_bans_and_forces_tokens",
-        ],
+    run_checks(&srv, CHECKS);
+    // Every check of the script is in the list above.
+    let script = std::fs::read_to_string(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_sdk.py"),
+    )
+    .unwrap();
+    assert_eq!(
+        script.matches("\ndef check_").count(),
+        CHECKS.len(),
+        "a check of openai_sdk.py is not run"
     );
 }

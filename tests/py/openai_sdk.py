@@ -160,6 +160,99 @@ def check_logit_bias_bans_and_forces_tokens():
         raise AssertionError("a token outside the vocabulary was accepted")
 
 
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "hobbies": {
+            "type": "array",
+            "items": {"type": "string", "maxLength": 20},
+            "maxItems": 3,
+        },
+        "role": {"enum": ["admin", "user", "guest"]},
+    },
+    "required": ["name", "age", "hobbies", "role"],
+    "additionalProperties": False,
+}
+
+
+def check_json_mode_output_parses():
+    # Free-form JSON from a 135M model at temperature 1 can ramble past any
+    # max_tokens (still valid JSON so far); greedy answers end.
+    asks = [
+        "What is the capital of France? Answer in JSON.",
+        "Return a JSON object with your name.",
+        "Give a JSON object with keys city and country.",
+    ]
+    for ask in asks:
+        r = chat(
+            [{"role": "user", "content": ask}],
+            response_format={"type": "json_object"},
+            max_tokens=400,
+            temperature=0,
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "stop", (c.finish_reason, c.message.content)
+        value = json.loads(c.message.content)
+        assert isinstance(value, dict) and value, c.message.content
+
+
+def check_json_schema_output_validates_for_ten_seeds_at_temperature_1():
+    for seed in range(10):
+        r = chat(
+            [{"role": "user", "content": "Make up a person."}],
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "person", "strict": True, "schema": PERSON},
+            },
+            max_tokens=200,
+            temperature=1,
+            seed=seed,
+        )
+        c = r.choices[0]
+        assert c.finish_reason == "stop", (seed, c.finish_reason, c.message.content)
+        jsonschema.validate(json.loads(c.message.content), PERSON)
+
+
+def check_the_sdks_pydantic_parse_helper_gets_a_parsed_model():
+    import pydantic
+
+    class Pet(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=20)
+        legs: int = pydantic.Field(ge=0, le=8)
+
+    class Owner(pydantic.BaseModel):
+        name: str = pydantic.Field(max_length=20)
+        pets: list[Pet] = pydantic.Field(max_length=2)
+
+    r = client.chat.completions.parse(
+        model="default",
+        messages=[{"role": "user", "content": "An owner and their pets."}],
+        response_format=Owner,
+        max_tokens=300,
+        temperature=0,
+    )
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    assert isinstance(r.choices[0].message.parsed, Owner), r.choices[0].message
+
+
+def check_unsupported_schema_keywords_get_400_naming_them_when_strict():
+    schema = {"type": "object", "dependentSchemas": {"a": {"required": ["b"]}}}
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "strict": True, "schema": schema}}
+    try:
+        chat([{"role": "user", "content": "hi"}], response_format=rf)
+    except openai.BadRequestError as e:
+        assert e.body.get("param") == "response_format.json_schema.schema", e.body
+        assert "dependentSchemas" in e.body.get("message", ""), e.body
+    else:
+        raise AssertionError("an unenforceable strict schema was accepted")
+    # Not strict: best effort, as OpenAI's non-strict mode.
+    rf["json_schema"]["strict"] = False
+    r = chat([{"role": "user", "content": "hi"}], response_format=rf, max_tokens=100, temperature=0)
+    assert r.choices[0].message.content.startswith("{"), r.choices[0].message.content
+
+
 # --- runner ------------------------------------------------------------------
 
 
