@@ -8,7 +8,7 @@ use std::time::Duration;
 /// into waits past any useful budget on a CPU box.
 pub const QUEUE_DEPTH_SAFE_MAX: usize = 9;
 /// Shortest wait a refused client is told to observe.
-const RETRY_AFTER_S_MIN: u64 = 1;
+pub const RETRY_AFTER_S_MIN: u64 = 1;
 
 /// Service rates of this machine (measured at start-up, or given with `--mu-*`).
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -35,7 +35,7 @@ use crate::stream::{CancelFlag, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How a request's sampled tokens shift the next token's logits, as OpenAI
 /// and vLLM define them: `logit_bias` adds to a token's logit; presence and
@@ -73,6 +73,10 @@ impl Penalties {
             && self.logit_bias.is_empty()
     }
 }
+
+/// How far ahead refused requests are given return times, at most (the
+/// OpenAI SDKs honour a `retry-after-ms` up to 60 s).
+const PROMISE_HORIZON_S: f64 = 60.0;
 
 /// What a request asks the engine to generate.
 #[derive(Debug, Clone)]
@@ -144,6 +148,9 @@ pub struct QueueFull {
     pub queued_tokens: usize,
     pub queued_tokens_max: usize,
     pub prompt_tokens: usize,
+    /// When to come back (`QueueGauge::promise`), and that in whole seconds
+    /// (at least 1), rounded up.
+    pub retry_after_ms: u64,
     pub retry_after_s: u64,
 }
 
@@ -207,6 +214,8 @@ struct State {
     rates: Rates,
     mix: Mix,
     bounds: [Bounds; Class::COUNT],
+    /// The return time last handed to a refused request of each class.
+    promised: [Option<Instant>; Class::COUNT],
 }
 
 impl State {
@@ -231,6 +240,7 @@ impl QueueGauge {
                 rates,
                 mix: Mix::new(policies[Class::Interactive.index()].typical),
                 bounds: policies.map(|p| derive_bounds(rates, &p)),
+                promised: [None; Class::COUNT],
             }),
             slots,
             batch_slots,
@@ -242,6 +252,40 @@ impl QueueGauge {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().expect("queue gauge lock")
+    }
+
+    /// When a refused request should come back, as a wait from now.
+    ///
+    /// Refused requests are given places in a virtual queue served at the
+    /// rate capacity frees: each one reserves its own service time
+    /// (`own_s`: its prompt at the prefill rate, its `max_tokens` at the
+    /// decode rate of the full batch) after the one refused before it, and
+    /// the first after a quiet spell comes back when, on average, the
+    /// running requests are half done (`slots × own_s / 2`). So a burst's
+    /// refused clients return one by one as room opens, not all together
+    /// (capacity idle in between) nor all at once (refused again). The
+    /// reservations end `PROMISE_HORIZON_S` ahead: clients that never come
+    /// back cannot push the others' waits out for good.
+    pub fn promise(&self, class: Class, own_s: f64) -> Duration {
+        self.promise_at(class, own_s, Instant::now())
+    }
+
+    fn promise_at(&self, class: Class, own_s: f64, now: Instant) -> Duration {
+        let slots = match class {
+            Class::Interactive => self.slots,
+            Class::Batch => self.batch_slots,
+        } as f64;
+        let own = Duration::from_secs_f64(own_s.clamp(0.001, PROMISE_HORIZON_S));
+        let first = now + own.mul_f64(slots / 2.0);
+        let mut st = self.lock();
+        let slot = &mut st.promised[class.index()];
+        let t = match *slot {
+            Some(p) if p + own > first => p + own,
+            _ => first,
+        }
+        .min(now + Duration::from_secs_f64(PROMISE_HORIZON_S));
+        *slot = Some(t);
+        t - now
     }
 
     /// Slots a new request of `class` could take at once.
@@ -467,7 +511,10 @@ impl Admission {
             };
             counter.fetch_add(1, Ordering::Relaxed);
             by_class.fetch_add(1, Ordering::Relaxed);
-            let wait = retry_after_s(r.waiting, r.waiting_tokens, r.rates, r.bounds);
+            let own_s = tokens as f64 / r.rates.prefill_tok_s
+                + job.gen.max_tokens as f64 / r.rates.decode_tok_s;
+            let wait = self.gauge.promise(class, own_s);
+            let retry_after_ms = wait.as_millis() as u64;
             return Err(Refused::QueueFull(QueueFull {
                 bound: r.bound,
                 class,
@@ -476,7 +523,8 @@ impl Admission {
                 queued_tokens: r.waiting_tokens,
                 queued_tokens_max: r.bounds.queued_tokens_max,
                 prompt_tokens: tokens,
-                retry_after_s: wait,
+                retry_after_ms,
+                retry_after_s: retry_after_ms.div_ceil(1000).max(RETRY_AFTER_S_MIN),
             }));
         }
         match self.tx[class.index()].try_send(job) {
@@ -499,6 +547,32 @@ impl Admission {
 mod tests {
     use super::bounds::tests::{policy, RATES};
     use super::*;
+
+    #[test]
+    fn refused_requests_are_promised_return_times_one_service_time_apart() {
+        let g = gauge(4, 3, 1000);
+        let t0 = Instant::now();
+        let ms = |d: Duration| d.as_millis() as u64;
+        // A request of 0.5 s of service: the first comes back when the four
+        // running ones are half done, the next ones 0.5 s after each other.
+        let waits: Vec<u64> = (0..4).map(|_| ms(g.promise_at(I, 0.5, t0))).collect();
+        assert_eq!(waits, vec![1000, 1500, 2000, 2500]);
+        // Later, the line has moved on: 1.2 s on, the next place is 1.8 s away.
+        assert_eq!(
+            ms(g.promise_at(I, 0.5, t0 + Duration::from_millis(1200))),
+            1800
+        );
+        // Another class keeps its own line.
+        assert_eq!(ms(g.promise_at(B, 0.5, t0)), 1000);
+        // After a quiet spell the line starts again.
+        let later = t0 + Duration::from_secs(30);
+        assert_eq!(ms(g.promise_at(I, 0.5, later)), 1000);
+        // Promises end at the horizon.
+        for _ in 0..200 {
+            g.promise_at(I, 1.0, later);
+        }
+        assert_eq!(ms(g.promise_at(I, 1.0, later)), 60_000);
+    }
 
     fn gauge(slots: usize, depth: usize, tokens: usize) -> Arc<QueueGauge> {
         let p = Policy {

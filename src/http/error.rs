@@ -351,6 +351,21 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// The wait a refusal asks for, in milliseconds (`retry-after-ms`), with
+    /// `u` uniform in [0, 1): a full queue's is the place it reserved
+    /// (`QueueGauge::promise`), spread by ±10 % so that it keeps its order;
+    /// any other is spread over 0.5-1.5 × its estimate (`jittered_wait_ms`).
+    pub fn wait_ms(&self, u: f64) -> Option<u64> {
+        match self {
+            ApiError::QueueFull(q) => {
+                Some((q.retry_after_ms as f64 * (0.9 + 0.2 * u.clamp(0.0, 1.0))).round() as u64)
+            }
+            _ => self.retry_after_s().map(|s| jittered_wait_ms(s, u)),
+        }
+    }
+}
+
 /// The wait a refusal asks for, in milliseconds, spread so that clients
 /// refused together do not come back together: `u` (uniform in [0, 1)) picks
 /// a point in [0.5, 1.5) × the estimated wait, whose mean is the estimate.
@@ -400,6 +415,7 @@ mod tests {
             queued_tokens: 300,
             queued_tokens_max: 1000,
             prompt_tokens: 20,
+            retry_after_ms: 5_400,
             retry_after_s: 6,
         });
         assert_eq!(e.status(), 429);
@@ -420,6 +436,7 @@ mod tests {
             queued_tokens: 900,
             queued_tokens_max: 1000,
             prompt_tokens: 300,
+            retry_after_ms: 5_000,
             retry_after_s: 5,
         });
         assert_eq!(t.code(), "queue_token_budget");
@@ -462,6 +479,7 @@ mod tests {
             queued_tokens: 0,
             queued_tokens_max: 1000,
             prompt_tokens: 20,
+            retry_after_ms: 6_000,
             retry_after_s: 6,
         });
         assert_ne!(overload.code(), e.code());

@@ -42,6 +42,9 @@ const CHAT: &[&str] = &[
     "max_completion_tokens",
     "top_logprobs",
     "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
 ];
 
 /// Completions-only fields implemented.
@@ -56,12 +59,10 @@ const METADATA: &[&str] = &["user", "metadata", "safety_identifier", "prompt_cac
 fn is_default(name: &str, value: &Value) -> bool {
     match (name, value) {
         (_, Value::Null) => true,
-        ("tools" | "functions", Value::Array(a)) => a.is_empty(),
-        ("tool_choice" | "function_call", Value::String(s)) => s == "none",
+        ("functions", Value::Array(a)) => a.is_empty(),
+        ("function_call", Value::String(s)) => s == "none",
         ("modalities", Value::Array(a)) => a.len() == 1 && a[0].as_str() == Some("text"),
         ("store", Value::Bool(b)) => !*b,
-        // How tools would be called; without tools (refused) it asks nothing.
-        ("parallel_tool_calls", Value::Bool(_)) => true,
         ("service_tier", Value::String(s)) => s == "auto" || s == "default",
         ("best_of", Value::Number(n)) => n.as_u64() == Some(1),
         ("suffix", Value::String(s)) => s.is_empty(),
@@ -72,8 +73,8 @@ fn is_default(name: &str, value: &Value) -> bool {
 /// OpenAI fields sluice does not implement, and what to do instead.
 fn not_implemented(name: &str) -> Option<&'static str> {
     Some(match name {
-        "tools" | "tool_choice" | "functions" | "function_call" => {
-            "tool calling is not implemented"
+        "functions" | "function_call" => {
+            "the legacy function-calling fields are not implemented; use 'tools' and 'tool_choice'"
         }
         "store" => "sluice stores no completions; only false is accepted",
         "modalities" | "audio" => "sluice answers in text only",
@@ -142,7 +143,7 @@ mod tests {
     #[test]
     fn defaults_of_unimplemented_fields_pass() {
         let chat = json!({"messages": [], "frequency_penalty": 0, "presence_penalty": 0.0,
-            "logit_bias": {}, "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+            "logit_bias": {}, "functions": [], "function_call": "none", "response_format": {"type": "text"},
             "modalities": ["text"], "store": false, "service_tier": "auto", "parallel_tool_calls": true,
             "audio": null});
         assert_eq!(check_json(Api::Chat, chat), Ok(()));
@@ -153,11 +154,8 @@ mod tests {
     #[test]
     fn what_would_change_the_answer_is_refused_by_name() {
         for (field, value) in [
-            (
-                "tools",
-                json!([{"type": "function", "function": {"name": "f"}}]),
-            ),
-            ("tool_choice", json!("required")),
+            ("functions", json!([{"name": "f"}])),
+            ("function_call", json!("auto")),
             ("store", json!(true)),
             ("modalities", json!(["text", "audio"])),
             ("reasoning_effort", json!("low")),

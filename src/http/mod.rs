@@ -20,6 +20,7 @@ mod request;
 pub mod sse;
 mod status;
 mod tokens;
+pub mod tools;
 pub mod validation;
 
 use crate::admission::{Admission, QueueGauge};
@@ -409,9 +410,8 @@ fn respond_json(req: Request, status: u16, body: &Value) {
 
 fn respond_error(req: Request, e: &ApiError) {
     let mut resp = json_response(e.status(), &e.to_json());
-    if let Some(s) = e.retry_after_s() {
+    if let Some(ms) = e.wait_ms(fastrand::f64()) {
         // The OpenAI SDKs read retry-after-ms first; both are spread.
-        let ms = error::jittered_wait_ms(s, fastrand::f64());
         resp.add_header(header(
             "Retry-After",
             &error::retry_after_header_s(ms).to_string(),

@@ -3,6 +3,7 @@
 use crate::stream::{FinishReason, TokenLogprob, Usage};
 use serde_json::{json, Value};
 
+use super::tools::CallDelta;
 use super::validation::Api;
 
 /// Identity of one response, repeated in every chunk.
@@ -108,6 +109,52 @@ impl Meta<'_> {
             }),
         };
         self.wrap(false, choice, Some(usage))
+    }
+
+    /// A whole non-streamed answer that is a call: `tool_calls`, no content;
+    /// `finish_reason` is `tool_calls`, or `length` for a call cut short.
+    pub fn tool_response(
+        &self,
+        call_id: &str,
+        name: &str,
+        arguments: &str,
+        finish: FinishReason,
+        usage: Usage,
+    ) -> Value {
+        let choice = json!({
+            "index": 0,
+            "message": {"role": "assistant", "content": null, "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            ]},
+            "logprobs": null,
+            "finish_reason": tool_finish(finish),
+        });
+        self.wrap(false, choice, Some(usage))
+    }
+
+    /// A streamed call's first chunk (its id and name) or one of its
+    /// arguments' pieces.
+    pub fn tool_chunk(&self, call_id: &str, delta: &CallDelta) -> Value {
+        let call = match delta {
+            CallDelta::Name(name) => json!({"index": 0, "id": call_id, "type": "function",
+                                            "function": {"name": name, "arguments": ""}}),
+            CallDelta::Arguments(a) => json!({"index": 0, "function": {"arguments": a}}),
+        };
+        let choice = json!({"index": 0, "delta": {"tool_calls": [call]}, "logprobs": null, "finish_reason": null});
+        self.wrap(true, choice, None)
+    }
+
+    /// The chunk that ends a streamed call.
+    pub fn tool_finish_chunk(&self, finish: FinishReason) -> Value {
+        let choice = json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": tool_finish(finish)});
+        self.wrap(true, choice, None)
+    }
+}
+
+fn tool_finish(finish: FinishReason) -> &'static str {
+    match finish {
+        FinishReason::Stop => "tool_calls",
+        FinishReason::Length => "length",
     }
 }
 

@@ -5,7 +5,8 @@
 //! GGUF's `tokenizer.chat_template`, or `--chat-template-file`), through
 //! `template`; ChatML only when the GGUF has none, said at start-up.
 
-use super::validation::{Input, Message};
+use super::tools::{call_text, Tool};
+use super::validation::{Input, Message, Role};
 use crate::ffi::{Model, Token};
 use crate::template::{ChatTemplate, Source, CHATML};
 use std::path::Path;
@@ -15,6 +16,10 @@ pub struct Prompter {
     model: Arc<Model>,
     template: ChatTemplate,
     n_vocab: usize,
+    /// Whether the template renders `tools`, and assistant `tool_calls`
+    /// (else sluice writes them into the messages itself).
+    renders_tools: bool,
+    renders_tool_calls: bool,
 }
 
 impl Prompter {
@@ -43,6 +48,8 @@ impl Prompter {
             model,
             template,
             n_vocab,
+            renders_tools: text.contains("tools"),
+            renders_tool_calls: text.contains("tool_calls"),
         })
     }
 
@@ -56,22 +63,73 @@ impl Prompter {
 
     /// Renders a chat to the text the model is prompted with; an error is the
     /// template's refusal of these messages.
-    pub fn render_chat(&self, messages: &[Message]) -> Result<String, String> {
-        let msgs: Vec<serde_json::Value> = messages
+    ///
+    /// Tools go to a template that renders them as `tools`; for one that
+    /// does not, sluice describes them in the system message, and writes an
+    /// assistant's calls as the call text structured output enforces
+    /// (`tools::call_text`), so the model sees its own calls either way.
+    pub fn render_chat(&self, messages: &[Message], tools: &[Tool]) -> Result<String, String> {
+        use serde_json::{json, Value};
+        let mut msgs: Vec<Value> = messages
             .iter()
-            .map(|m| serde_json::json!({"role": m.role.as_str(), "content": m.content}))
+            .map(|m| {
+                let mut v = json!({"role": m.role.as_str(), "content": m.content});
+                if !m.tool_calls.is_empty() {
+                    if self.renders_tool_calls {
+                        v["tool_calls"] = m
+                            .tool_calls
+                            .iter()
+                            .map(|c| {
+                                json!({"id": c.id, "type": "function",
+                                       "function": {"name": c.name, "arguments": c.arguments}})
+                            })
+                            .collect();
+                    } else {
+                        let calls: Vec<String> = m
+                            .tool_calls
+                            .iter()
+                            .map(|c| call_text(&c.name, &c.arguments))
+                            .collect();
+                        let mut text = m.content.clone();
+                        if !text.is_empty() {
+                            text.push('\n');
+                        }
+                        text.push_str(&calls.join("\n"));
+                        v["content"] = Value::String(text);
+                    }
+                }
+                if let Some(id) = &m.tool_call_id {
+                    v["tool_call_id"] = Value::String(id.clone());
+                }
+                v
+            })
             .collect();
+        let specs: Vec<Value> = tools.iter().map(|t| t.spec.clone()).collect();
+        if !tools.is_empty() && !self.renders_tools {
+            let about = format!(
+                "You can call these functions:\n{}\nTo call one, answer with only {}.",
+                Value::Array(specs.clone()),
+                call_text("<function name>", "<its arguments as a JSON object>")
+            );
+            match messages.first() {
+                Some(m) if m.role == Role::System => {
+                    msgs[0]["content"] = Value::String(format!("{}\n\n{about}", m.content));
+                }
+                _ => msgs.insert(0, json!({"role": "system", "content": about})),
+            }
+        }
+        let tools_var = (!specs.is_empty()).then(|| Value::Array(specs));
         self.template
-            .render(&serde_json::Value::Array(msgs), None, true)
+            .render(&Value::Array(msgs), tools_var.as_ref(), true)
     }
 
     /// Tokenizes the input. Token ids are checked against the vocabulary.
-    pub fn tokens(&self, input: &Input) -> Result<Vec<Token>, String> {
+    pub fn tokens(&self, input: &Input, tools: &[Tool]) -> Result<Vec<Token>, String> {
         match input {
             Input::Chat(messages) => {
                 // Special tokens in the template ("<|im_start|>") must become tokens.
                 self.model
-                    .tokenize(&self.render_chat(messages)?, true, true)
+                    .tokenize(&self.render_chat(messages, tools)?, true, true)
             }
             Input::Text(text) => self.model.tokenize(text, true, true),
             Input::Tokens(ids) => match ids.iter().find(|&&t| t as usize >= self.n_vocab) {

@@ -4,6 +4,7 @@
 
 use super::error::ApiError;
 use super::openai::Meta;
+use super::tools::{self, CallStream};
 use super::validation::{Api, ValidRequest};
 use super::{outcome_of_error, respond_error, respond_json, sse, Outcome};
 use crate::ffi;
@@ -162,6 +163,7 @@ pub(super) fn reply(
             keep_alive: w.keep_alive,
             last_write: None,
             tokens_sent: false,
+            call: v.tools.calls().then(CallStream::default),
         })
     } else {
         Box::new(JsonSink {
@@ -170,6 +172,7 @@ pub(super) fn reply(
             with_logprobs: v.top_logprobs.is_some(),
             text: echo_text.unwrap_or_default(),
             logprobs: Vec::new(),
+            call: v.tools.calls(),
         })
     };
     let mut outcome = Outcome {
@@ -239,6 +242,8 @@ struct SseSink<'a> {
     /// When the stream last wrote; `None` before its head.
     last_write: Option<Instant>,
     tokens_sent: bool,
+    /// The answer is a call: its text becomes `tool_calls` deltas.
+    call: Option<CallStream>,
 }
 
 impl SseSink<'_> {
@@ -265,6 +270,16 @@ impl SseSink<'_> {
             w.write_failed(&e);
             WriteFailed
         })
+    }
+
+    fn send_call(&mut self, deltas: Vec<tools::CallDelta>) -> Result<(), WriteFailed> {
+        let w = self.w;
+        self.out()?;
+        for d in &deltas {
+            let value = self.meta.tool_chunk(&call_id(self.meta.id), d);
+            Self::send(w, self.out()?, value)?;
+        }
+        Ok(())
     }
 
     fn chunk(&mut self, text: &str, logprobs: &[&TokenLogprob]) -> Result<(), WriteFailed> {
@@ -310,6 +325,10 @@ impl Sink for SseSink<'_> {
             self.offset += echo.chars().count();
             text.insert_str(0, &echo);
         }
+        if let Some(call) = &mut self.call {
+            let deltas = call.push(&text);
+            return self.send_call(deltas);
+        }
         let entries: Vec<&TokenLogprob> = logprob.iter().collect();
         if text.is_empty() && entries.is_empty() {
             // Nothing to say yet, but the stream starts.
@@ -324,7 +343,14 @@ impl Sink for SseSink<'_> {
             let value = self.meta.text_chunk(&echo, &[], 0);
             Self::send(w, self.out()?, value)?;
         }
-        let finish = self.meta.finish_chunk(finish);
+        let finish = match self.call.take() {
+            Some(mut call) => {
+                let deltas = call.finish(finish == FinishReason::Stop);
+                self.send_call(deltas)?;
+                self.meta.tool_finish_chunk(finish)
+            }
+            None => self.meta.finish_chunk(finish),
+        };
         Self::send(w, self.out()?, finish)?;
         if self.include_usage {
             let value = self.meta.usage_chunk(usage);
@@ -365,6 +391,8 @@ struct JsonSink<'a> {
     with_logprobs: bool,
     text: String,
     logprobs: Vec<TokenLogprob>,
+    /// The answer is a call: its text becomes `tool_calls`.
+    call: bool,
 }
 
 impl Sink for JsonSink<'_> {
@@ -393,6 +421,14 @@ impl Sink for JsonSink<'_> {
     }
 
     fn end(self: Box<Self>, finish: FinishReason, usage: Usage) -> Result<(), WriteFailed> {
+        if self.call {
+            let (name, args) = tools::parse_call(&self.text).unwrap_or_default();
+            let body = self
+                .meta
+                .tool_response(&call_id(self.meta.id), &name, &args, finish, usage);
+            respond_json(self.req, 200, &body);
+            return Ok(());
+        }
         let entries: Vec<&TokenLogprob> = self.logprobs.iter().collect();
         let lp = self.with_logprobs.then_some(entries.as_slice());
         respond_json(
@@ -407,4 +443,10 @@ impl Sink for JsonSink<'_> {
         respond_error(self.req, e);
         outcome_of_error(e)
     }
+}
+
+/// A call's id, from its response's (one call per answer).
+fn call_id(response_id: &str) -> String {
+    let unique = response_id.strip_prefix("chatcmpl-").unwrap_or(response_id);
+    format!("call_{unique}")
 }

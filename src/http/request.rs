@@ -325,7 +325,7 @@ fn prepare(
     let valid = validation::parse(api, &body)?;
     let prompt = state
         .prompter
-        .tokens(&valid.input)
+        .tokens(&valid.input, &valid.tools.tools)
         .map_err(|m| ApiError::invalid(valid.input.param(), m))?;
     if prompt.is_empty() {
         return Err(ApiError::invalid(
@@ -428,15 +428,34 @@ fn gen_params(
             format!("'logit_bias' names token {bad}, outside the vocabulary of {n_vocab} tokens"),
         ));
     }
+    let grammars = || {
+        state.grammars.as_ref().map_err(|e| {
+            ApiError::invalid(
+                "response_format",
+                format!("structured output is not available for this model: {e}"),
+            )
+        })
+    };
     let constraint = match &v.format {
+        Format::Text if v.tools.calls() => Some(
+            grammars()?
+                .json_schema(&v.tools.call_schema(), v.tools.strict())
+                .map_err(|e| {
+                    ApiError::invalid(
+                        "tools",
+                        format!("a function's parameters cannot be enforced: {e}"),
+                    )
+                })?,
+        ),
         Format::Text => None,
+        _ if v.tools.calls() => {
+            return Err(ApiError::invalid(
+                "response_format",
+                "an answer that must be a tool call cannot also follow response_format; send one of them",
+            ))
+        }
         format => {
-            let grammars = state.grammars.as_ref().map_err(|e| {
-                ApiError::invalid(
-                    "response_format",
-                    format!("structured output is not available for this model: {e}"),
-                )
-            })?;
+            let grammars = grammars()?;
             Some(match format {
                 Format::JsonSchema { schema, strict } => {
                     grammars.json_schema(schema, *strict).map_err(|e| {

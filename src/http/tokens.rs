@@ -31,13 +31,19 @@ fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 pub(super) fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError> {
     let obj = object(body)?;
     for key in obj.keys() {
-        if !matches!(key.as_str(), "messages" | "prompt" | "content" | "model") {
+        if !matches!(
+            key.as_str(),
+            "messages" | "tools" | "prompt" | "content" | "model"
+        ) {
             return Err(ApiError::invalid(
                 key.as_str(),
-                format!("'{key}' is not a field of /tokenize (messages, prompt or content)"),
+                format!(
+                    "'{key}' is not a field of /tokenize (messages and tools, prompt or content)"
+                ),
             ));
         }
     }
+    let tools = super::tools::parse_list(&obj)?;
     let input = if obj.contains_key("messages") {
         Input::Chat(validation::parse_messages(&obj)?)
     } else {
@@ -53,7 +59,7 @@ pub(super) fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError>
     };
     let tokens = state
         .prompter
-        .tokens(&input)
+        .tokens(&input, &tools)
         .map_err(|m| ApiError::invalid(input.param(), m))?;
     Ok(json!({
         "tokens": tokens,
@@ -85,7 +91,7 @@ pub(super) fn detokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiErro
     // The vocabulary check is the prompt's.
     let ids = state
         .prompter
-        .tokens(&Input::Tokens(ids))
+        .tokens(&Input::Tokens(ids), &[])
         .map_err(|m| ApiError::invalid("tokens", m))?;
     let text = state.prompter.detokenize(&ids);
     Ok(json!({"prompt": text, "content": text}))

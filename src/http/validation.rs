@@ -25,6 +25,8 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// A tool's result, answering an assistant's call.
+    Tool,
 }
 
 impl Role {
@@ -33,6 +35,7 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -41,6 +44,17 @@ impl Role {
 pub struct Message {
     pub role: Role,
     pub content: String,
+    /// An assistant's calls: (id, function name, arguments as JSON text).
+    pub tool_calls: Vec<ToolCall>,
+    /// A tool message: the call it answers.
+    pub tool_call_id: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +97,8 @@ pub struct ValidRequest {
     pub echo: bool,
     /// Chat only: `response_format`.
     pub format: Format,
+    /// Chat only: `tools` and `tool_choice`.
+    pub tools: super::tools::Tools,
 }
 
 /// What the answer must be (`response_format`).
@@ -185,6 +201,10 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
             Api::Chat => parse_format(&obj)?,
             Api::Completions => Format::Text,
         },
+        tools: match api {
+            Api::Chat => super::tools::parse(&obj)?,
+            Api::Completions => super::tools::Tools::none(),
+        },
         top_logprobs,
         echo,
     })
@@ -227,10 +247,11 @@ pub(super) fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<Message>, A
                     "system" | "developer" => Role::System,
                     "user" => Role::User,
                     "assistant" => Role::Assistant,
+                    "tool" => Role::Tool,
                     other => {
                         return Err(ApiError::invalid(
                             format!("messages[{i}].role"),
-                            format!("messages[{i}].role is '{other}'; it must be system, developer, user or assistant"),
+                            format!("messages[{i}].role is '{other}'; it must be system, developer, user, assistant or tool"),
                         ))
                     }
                 },
@@ -241,8 +262,63 @@ pub(super) fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<Message>, A
                     ))
                 }
             };
-            let content = parse_content(i, m.get("content"))?;
-            Ok(Message { role, content })
+            let tool_calls = match (role, m.get("tool_calls")) {
+                (_, None | Some(Value::Null)) => Vec::new(),
+                (Role::Assistant, Some(Value::Array(calls))) => parse_tool_calls(i, calls)?,
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].tool_calls"),
+                        format!("messages[{i}].tool_calls must be an array, on an assistant message"),
+                    ))
+                }
+            };
+            let tool_call_id = match (role, m.get("tool_call_id")) {
+                (Role::Tool, Some(Value::String(id))) => Some(id.clone()),
+                (Role::Tool, _) => {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].tool_call_id"),
+                        format!("messages[{i}].tool_call_id is required on a tool message: the id of the call it answers"),
+                    ))
+                }
+                _ => None,
+            };
+            // An assistant message may be only its calls.
+            let content = match (m.get("content"), tool_calls.is_empty()) {
+                (None, false) => String::new(),
+                (c, _) => parse_content(i, c)?,
+            };
+            Ok(Message {
+                role,
+                content,
+                tool_calls,
+                tool_call_id,
+            })
+        })
+        .collect()
+}
+
+fn parse_tool_calls(i: usize, calls: &[Value]) -> Result<Vec<ToolCall>, ApiError> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let p = format!("messages[{i}].tool_calls[{j}]");
+            let f = c.get("function");
+            match (
+                c.get("id").and_then(Value::as_str),
+                f.and_then(|f| f.get("name")).and_then(Value::as_str),
+                f.and_then(|f| f.get("arguments")).and_then(Value::as_str),
+            ) {
+                (Some(id), Some(name), Some(arguments)) => Ok(ToolCall {
+                    id: id.to_string(),
+                    name: name.to_string(),
+                    arguments: arguments.to_string(),
+                }),
+                _ => Err(ApiError::invalid(
+                    p.clone(),
+                    format!("{p} must be {{\"id\": ..., \"type\": \"function\", \"function\": {{\"name\": ..., \"arguments\": \"<JSON text>\"}}}}"),
+                )),
+            }
         })
         .collect()
 }
@@ -543,7 +619,9 @@ mod tests {
             r.input,
             Input::Chat(vec![Message {
                 role: Role::User,
-                content: "hi".into()
+                content: "hi".into(),
+                tool_calls: Vec::new(),
+                tool_call_id: None,
             }])
         );
         assert!(!r.stream);
@@ -725,9 +803,51 @@ mod tests {
             r.input,
             Input::Chat(vec![Message {
                 role: Role::System,
-                content: "ab".into()
+                content: "ab".into(),
+                tool_calls: Vec::new(),
+                tool_call_id: None,
             }])
         );
+    }
+
+    #[test]
+    fn tool_calls_and_tool_results_are_read_from_the_history() {
+        let r = chat(r#"{"messages":[{"role":"user","content":"weather?"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"w","arguments":"{\"city\": \"Oslo\"}"}}]},
+            {"role":"tool","tool_call_id":"call_1","content":"rain"}]}"#)
+        .unwrap();
+        let Input::Chat(m) = r.input else { panic!() };
+        assert_eq!(
+            m[1].tool_calls,
+            vec![ToolCall {
+                id: "call_1".into(),
+                name: "w".into(),
+                arguments: r#"{"city": "Oslo"}"#.into()
+            }]
+        );
+        assert_eq!(m[2].role, Role::Tool);
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("call_1"));
+        for (body, param) in [
+            (
+                r#"[{"role":"tool","content":"x"}]"#,
+                "messages[0].tool_call_id",
+            ),
+            (
+                r#"[{"role":"user","content":"x","tool_calls":[]}]"#,
+                "messages[0].tool_calls",
+            ),
+            (
+                r#"[{"role":"assistant","tool_calls":[{"id":"a"}]}]"#,
+                "messages[0].tool_calls[0]",
+            ),
+        ] {
+            match chat(&format!(r#"{{"messages":{body}}}"#)) {
+                Err(ApiError::InvalidRequest { param: Some(p), .. }) => {
+                    assert_eq!(p, param, "{body}")
+                }
+                other => panic!("{body}: {other:?}"),
+            }
+        }
     }
 
     #[test]

@@ -58,8 +58,8 @@ fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
     let refused: Vec<&Response> = responses.iter().filter(|r| r.status == 429).collect();
     assert_eq!(ok.len() + refused.len(), n, "only 200 and 429 expected");
     assert_eq!(ok.len(), 5, "exactly running (2) + queued (3) are admitted");
-    // Each refusal's wait is spread around the estimate, so that clients
-    // refused together do not come back together.
+    // Each refusal is given its own return time, so that clients refused
+    // together do not come back together.
     let mut waits_ms = std::collections::HashSet::new();
     for r in &refused {
         let wait: u64 = r
@@ -78,7 +78,7 @@ fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
             .parse()
             .expect("ms");
         assert!(
-            (estimate * 500..=estimate * 1500).contains(&ms),
+            ms <= estimate * 1100,
             "{ms} ms for an estimate of {estimate} s"
         );
         assert_eq!(
@@ -89,7 +89,15 @@ fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
         assert_eq!(r.header("x-should-retry"), Some("true"));
         waits_ms.insert(ms);
     }
-    assert!(waits_ms.len() > 1, "25 refusals, one wait: {waits_ms:?}");
+    // They are given places one after another: the waits are spread out.
+    let (lo, hi) = (
+        *waits_ms.iter().min().unwrap(),
+        *waits_ms.iter().max().unwrap(),
+    );
+    assert!(
+        hi >= 2 * lo,
+        "25 refusals, waits {lo}..{hi} ms: {waits_ms:?}"
+    );
     for r in &ok {
         assert_eq!(r.body_json()["usage"]["completion_tokens"], 200);
     }

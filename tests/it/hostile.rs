@@ -198,7 +198,15 @@ fn absurd_values_and_unknown_fields_get_a_4xx_naming_them() {
             400,
         ),
         (
-            r#"{"prompt":"x","max_tokens":2,"frequency_penalty":0.5}"#.to_string(),
+            r#"{"prompt":"x","max_tokens":2,"frequency_penalty":2.5}"#.to_string(),
+            400,
+        ),
+        (
+            r#"{"prompt":"x","max_tokens":2,"logit_bias":{"99999999":1}}"#.to_string(),
+            400,
+        ),
+        (
+            r#"{"prompt":"x","max_tokens":2,"suffix":"y"}"#.to_string(),
             400,
         ),
         (

@@ -50,6 +50,10 @@ const CHECKS: &[&str] = &[
     "json_schema_output_validates_for_ten_seeds_at_temperature_1",
     "the_sdks_pydantic_parse_helper_gets_a_parsed_model",
     "unsupported_schema_keywords_get_400_naming_them_when_strict",
+    "a_required_tool_call_returns_tool_calls_whose_arguments_validate",
+    "a_streamed_tool_call_arrives_as_tool_calls_deltas",
+    "a_call_and_its_result_in_the_history_are_answered_in_text",
+    "tool_choice_auto_is_refused_naming_it",
 ];
 
 #[test]

@@ -253,6 +253,104 @@ def check_unsupported_schema_keywords_get_400_naming_them_when_strict():
     assert r.choices[0].message.content.startswith("{"), r.choices[0].message.content
 
 
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"timezone": {"type": "string", "maxLength": 40}},
+            "required": ["timezone"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def check_a_required_tool_call_returns_tool_calls_whose_arguments_validate():
+    for seed in range(3):
+        r = chat(ASK, tools=[WEATHER, TIME], tool_choice="required", max_tokens=100, temperature=1, seed=seed)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", (c.finish_reason, c.message)
+        assert c.message.content is None, c.message
+        (call,) = c.message.tool_calls
+        assert call.type == "function" and call.id.startswith("call_"), call
+        tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+        jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    # A named function is the one called.
+    r = chat(ASK, tools=[WEATHER, TIME], max_tokens=100, temperature=0,
+             tool_choice={"type": "function", "function": {"name": "get_time"}})
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_time", call
+    jsonschema.validate(json.loads(call.function.arguments), TIME["function"]["parameters"])
+
+
+def check_a_streamed_tool_call_arrives_as_tool_calls_deltas():
+    stream = chat(ASK, tools=[WEATHER], tool_choice="required", max_tokens=100, temperature=0, stream=True)
+    name, args, finish, ids = None, "", None, set()
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        assert not d.content, d
+        for tc in d.tool_calls or []:
+            if tc.id:
+                ids.add(tc.id)
+            if tc.function and tc.function.name:
+                assert name is None, "the name is sent once"
+                name = tc.function.name
+            if tc.function and tc.function.arguments:
+                args += tc.function.arguments
+        finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls", finish
+    assert name == "get_weather" and len(ids) == 1, (name, ids)
+    jsonschema.validate(json.loads(args), WEATHER["function"]["parameters"])
+    # The same call, not streamed.
+    whole = chat(ASK, tools=[WEATHER], tool_choice="required", max_tokens=100, temperature=0)
+    assert json.loads(whole.choices[0].message.tool_calls[0].function.arguments) == json.loads(args)
+
+
+def check_a_call_and_its_result_in_the_history_are_answered_in_text():
+    r = chat(ASK, tools=[WEATHER], tool_choice="required", max_tokens=100, temperature=0)
+    call = r.choices[0].message.tool_calls[0]
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "18 degrees and sunny"},
+    ]
+    answer = chat(history, tools=[WEATHER], tool_choice="none", max_tokens=30, temperature=0)
+    assert answer.choices[0].message.content, answer
+    assert answer.choices[0].message.tool_calls is None, answer
+    # The call is in the prompt: the history is longer than the question.
+    assert answer.usage.prompt_tokens > r.usage.prompt_tokens
+
+
+def check_tool_choice_auto_is_refused_naming_it():
+    for kw in [{}, {"tool_choice": "auto"}]:
+        try:
+            chat(ASK, tools=[WEATHER], **kw)
+        except openai.BadRequestError as e:
+            assert e.body.get("param") == "tool_choice", e.body
+        else:
+            raise AssertionError(f"tools with {kw or 'no tool_choice'} were answered 200")
+
+
 # --- runner ------------------------------------------------------------------
 
 
