@@ -436,6 +436,9 @@ struct Outcome {
     usage: Usage,
     first_token: Option<Duration>,
     note: &'static str,
+    /// Prompt tokens the choices reused, summed (`usage` counts the prompt
+    /// once); what the client's bucket is settled with.
+    cached_all: usize,
 }
 
 fn outcome_of_error(e: &ApiError) -> Outcome {
@@ -444,6 +447,7 @@ fn outcome_of_error(e: &ApiError) -> Outcome {
         usage: Usage::default(),
         first_token: None,
         note: e.code(),
+        cached_all: 0,
     }
 }
 

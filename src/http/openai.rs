@@ -27,13 +27,18 @@ impl Meta<'_> {
     }
 
     fn wrap(&self, stream: bool, choice: Value, usage: Option<Usage>) -> Value {
+        let choices = match choice {
+            Value::Null => Vec::new(),
+            Value::Array(all) => all,
+            one => vec![one],
+        };
         let mut v = json!({
             "id": self.id,
             "object": self.object(stream),
             "created": self.created,
             "model": self.model,
             "system_fingerprint": concat!("sluice-", env!("CARGO_PKG_VERSION")),
-            "choices": if choice.is_null() { json!([]) } else { json!([choice]) },
+            "choices": choices,
         });
         match usage {
             Some(u) => v["usage"] = usage_json(u),
@@ -43,23 +48,29 @@ impl Meta<'_> {
         v
     }
 
-    /// The first chunk of a chat stream announces the assistant's role.
-    pub fn role_chunk(&self) -> Value {
-        let choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+    /// The first chunk of a chat stream's choice `i` announces the assistant's role.
+    pub fn role_chunk(&self, i: usize) -> Value {
+        let choice = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
         self.wrap(true, choice, None)
     }
 
     /// A chunk carrying text (and its log-probabilities when asked for).
-    pub fn text_chunk(&self, text: &str, logprobs: &[&TokenLogprob], offset: usize) -> Value {
+    pub fn text_chunk(
+        &self,
+        i: usize,
+        text: &str,
+        logprobs: &[&TokenLogprob],
+        offset: usize,
+    ) -> Value {
         let choice = match self.api {
             Api::Chat => json!({
-                "index": 0,
+                "index": i,
                 "delta": {"content": text},
                 "logprobs": if logprobs.is_empty() { Value::Null } else { chat_logprobs(logprobs) },
                 "finish_reason": null,
             }),
             Api::Completions => json!({
-                "index": 0,
+                "index": i,
                 "text": text,
                 "logprobs": if logprobs.is_empty() { Value::Null } else { legacy_logprobs(logprobs, offset) },
                 "finish_reason": null,
@@ -69,13 +80,13 @@ impl Meta<'_> {
     }
 
     /// The chunk that carries the finish reason.
-    pub fn finish_chunk(&self, finish: FinishReason) -> Value {
+    pub fn finish_chunk(&self, i: usize, finish: FinishReason) -> Value {
         let choice = match self.api {
             Api::Chat => {
-                json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish.as_str()})
+                json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish.as_str()})
             }
             Api::Completions => {
-                json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish.as_str()})
+                json!({"index": i, "text": "", "logprobs": null, "finish_reason": finish.as_str()})
             }
         };
         self.wrap(true, choice, None)
@@ -86,67 +97,71 @@ impl Meta<'_> {
         self.wrap(true, Value::Null, Some(usage))
     }
 
-    /// A whole non-streamed response.
-    pub fn response(
+    /// A whole non-streamed response of its choices.
+    pub fn response(&self, choices: Vec<Value>, usage: Usage) -> Value {
+        self.wrap(false, Value::Array(choices), Some(usage))
+    }
+
+    /// Choice `i` of a whole response: its text.
+    pub fn text_choice(
         &self,
+        i: usize,
         text: &str,
         logprobs: Option<&[&TokenLogprob]>,
         finish: FinishReason,
-        usage: Usage,
     ) -> Value {
-        let choice = match self.api {
+        match self.api {
             Api::Chat => json!({
-                "index": 0,
+                "index": i,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": logprobs.map_or(Value::Null, chat_logprobs),
                 "finish_reason": finish.as_str(),
             }),
             Api::Completions => json!({
-                "index": 0,
+                "index": i,
                 "text": text,
                 "logprobs": logprobs.map_or(Value::Null, |lp| legacy_logprobs(lp, 0)),
                 "finish_reason": finish.as_str(),
             }),
-        };
-        self.wrap(false, choice, Some(usage))
+        }
     }
 
-    /// A whole non-streamed answer that is a call: `tool_calls`, no content;
-    /// `finish_reason` is `tool_calls`, or `length` for a call cut short.
-    pub fn tool_response(
+    /// Choice `i` of a whole response that is a call: `tool_calls`, no
+    /// content; `finish_reason` is `tool_calls`, or `length` for a call cut
+    /// short.
+    pub fn tool_choice(
         &self,
+        i: usize,
         call_id: &str,
         name: &str,
         arguments: &str,
         finish: FinishReason,
-        usage: Usage,
     ) -> Value {
-        let choice = json!({
-            "index": 0,
+        json!({
+            "index": i,
             "message": {"role": "assistant", "content": null, "tool_calls": [
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             ]},
             "logprobs": null,
             "finish_reason": tool_finish(finish),
-        });
-        self.wrap(false, choice, Some(usage))
+        })
     }
 
     /// A streamed call's first chunk (its id and name) or one of its
     /// arguments' pieces.
-    pub fn tool_chunk(&self, call_id: &str, delta: &CallDelta) -> Value {
+    pub fn tool_chunk(&self, i: usize, call_id: &str, delta: &CallDelta) -> Value {
         let call = match delta {
             CallDelta::Name(name) => json!({"index": 0, "id": call_id, "type": "function",
                                             "function": {"name": name, "arguments": ""}}),
             CallDelta::Arguments(a) => json!({"index": 0, "function": {"arguments": a}}),
         };
-        let choice = json!({"index": 0, "delta": {"tool_calls": [call]}, "logprobs": null, "finish_reason": null});
+        let choice = json!({"index": i, "delta": {"tool_calls": [call]}, "logprobs": null, "finish_reason": null});
         self.wrap(true, choice, None)
     }
 
     /// The chunk that ends a streamed call.
-    pub fn tool_finish_chunk(&self, finish: FinishReason) -> Value {
-        let choice = json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": tool_finish(finish)});
+    pub fn tool_finish_chunk(&self, i: usize, finish: FinishReason) -> Value {
+        let choice = json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": tool_finish(finish)});
         self.wrap(true, choice, None)
     }
 }
@@ -259,14 +274,14 @@ mod tests {
             api: Api::Chat,
             include_usage: true,
         };
-        let c = meta.text_chunk("hi", &[], 0);
+        let c = meta.text_chunk(0, "hi", &[], 0);
         assert_eq!(c["object"], "chat.completion.chunk");
         assert_eq!(
             c.get("usage"),
             Some(&Value::Null),
             "usage: null until the usage chunk"
         );
-        assert_eq!(meta.role_chunk().get("usage"), Some(&Value::Null));
+        assert_eq!(meta.role_chunk(0).get("usage"), Some(&Value::Null));
         let quiet = Meta {
             id: "chatcmpl-2",
             created: 7,
@@ -274,10 +289,10 @@ mod tests {
             api: Api::Chat,
             include_usage: false,
         };
-        assert_eq!(quiet.text_chunk("hi", &[], 0).get("usage"), None);
+        assert_eq!(quiet.text_chunk(0, "hi", &[], 0).get("usage"), None);
         assert_eq!(c["choices"][0]["delta"]["content"], "hi");
         assert_eq!(
-            meta.finish_chunk(FinishReason::Length)["choices"][0]["finish_reason"],
+            meta.finish_chunk(0, FinishReason::Length)["choices"][0]["finish_reason"],
             "length"
         );
         let u = meta.usage_chunk(Usage {
@@ -288,5 +303,17 @@ mod tests {
         assert_eq!(u["choices"], json!([]));
         assert_eq!(u["usage"]["total_tokens"], 7);
         assert_eq!(u["usage"]["prompt_tokens_details"]["cached_tokens"], 2);
+        // n choices, each with its index.
+        let whole = meta.response(
+            vec![
+                meta.text_choice(0, "a", None, FinishReason::Stop),
+                meta.text_choice(1, "b", None, FinishReason::Length),
+            ],
+            Usage::default(),
+        );
+        assert_eq!(whole["choices"][1]["index"], 1);
+        assert_eq!(whole["choices"][1]["message"]["content"], "b");
+        assert_eq!(whole["choices"][1]["finish_reason"], "length");
+        assert_eq!(meta.text_chunk(2, "x", &[], 0)["choices"][0]["index"], 2);
     }
 }

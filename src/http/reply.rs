@@ -1,6 +1,8 @@
 //! The engine's events folded into the reply: one loop reads them (`reply`)
 //! and a `Sink` says what each becomes, SSE chunks written as they come
-//! (`stream: true`) or one JSON body at the end.
+//! (`stream: true`) or one JSON body at the end. A request with `n` > 1 is
+//! `n` jobs, one per choice; their events are read as they come, each
+//! tagged with its choice's index.
 
 use super::error::ApiError;
 use super::openai::Meta;
@@ -12,7 +14,7 @@ use crate::metrics::Metrics;
 use crate::stream::{
     CancelFlag, CancelReason, ErrorKind, Event, FinishReason, TokenLogprob, Usage,
 };
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, Select, TryRecvError};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -22,10 +24,11 @@ use std::time::{Duration, Instant};
 /// there: well under one engine step on a CPU.
 const PEER_PROBE_INTERVAL: Duration = Duration::from_millis(20);
 
-/// A handler's side of one request in the engine: its events, its deadline,
-/// its client's socket, and the flag that tells the engine it gave up.
+/// A handler's side of one request in the engine: its events (one channel
+/// per choice), its deadline, its client's socket, and the flags that tell
+/// the engine it gave up.
 pub(super) struct Waiter {
-    pub(super) rx: Receiver<Event>,
+    pub(super) rx: Vec<Receiver<Event>>,
     pub(super) t0: Instant,
     pub(super) deadline: Instant,
     pub(super) timeout_ms: u64,
@@ -33,7 +36,7 @@ pub(super) struct Waiter {
     pub(super) probe: Option<std::os::fd::OwnedFd>,
     /// When the client's socket was last probed.
     pub(super) probed_at: std::cell::Cell<Instant>,
-    pub(super) cancel: CancelFlag,
+    pub(super) cancel: Vec<CancelFlag>,
     pub(super) metrics: Arc<Metrics>,
     /// `--sse-keep-alive-ms`.
     pub(super) keep_alive: Duration,
@@ -43,6 +46,19 @@ impl Waiter {
     /// The engine's step count, stamped on a cancel.
     fn step(&self) -> u64 {
         self.metrics.steps.load(Ordering::Relaxed)
+    }
+
+    /// Tells the engine to stop every choice (those ended ignore it).
+    fn cancel_all(&self, reason: CancelReason) {
+        let step = self.step();
+        for c in &self.cancel {
+            c.cancel(reason, step);
+        }
+    }
+
+    /// Why the request was cancelled, if it was.
+    fn cancel_reason(&self) -> Option<CancelReason> {
+        self.cancel.iter().find_map(CancelFlag::reason)
     }
 
     /// Whether the client closed its connection: probed at most every
@@ -56,61 +72,64 @@ impl Waiter {
         self.probe.as_ref().is_some_and(ffi::peer_closed)
     }
 
-    /// Waits for the next event until the request's deadline, checking that the
-    /// client is still there, or until `tick` passes (then `Ok(None)`). Every
-    /// way of not getting one (timeout, the client gone, a stall, a stopped
-    /// engine, an engine refusal) is an `ApiError`; giving up sets the cancel
-    /// flag first, so the engine stops at its next step.
-    fn next_before(&self, tick: Option<Instant>) -> Result<Option<Event>, ApiError> {
+    /// Waits for the next event of a choice not `ended` until the request's
+    /// deadline, checking that the client is still there, or until `tick`
+    /// passes (then `Ok(None)`). Every way of not getting one (timeout, the
+    /// client gone, a stall, a stopped engine, an engine refusal) is an
+    /// `ApiError`; giving up sets the cancel flags first, so the engine stops
+    /// at its next step.
+    fn next_before(
+        &self,
+        tick: Option<Instant>,
+        ended: &[bool],
+    ) -> Result<Option<(usize, Event)>, ApiError> {
         loop {
             let now = Instant::now();
             if tick.is_some_and(|t| now >= t) {
                 return Ok(None);
             }
             if now >= self.deadline {
-                self.cancel.cancel(CancelReason::Deadline, self.step());
+                self.cancel_all(CancelReason::Deadline);
                 return Err(ApiError::Timeout {
                     limit_ms: self.timeout_ms,
                 });
             }
             if self.client_gone() {
-                self.cancel.cancel(CancelReason::Disconnect, self.step());
+                self.cancel_all(CancelReason::Disconnect);
                 return Err(ApiError::ClientGone);
+            }
+            let open: Vec<usize> = (0..self.rx.len()).filter(|&i| !ended[i]).collect();
+            for &i in &open {
+                match self.rx[i].try_recv() {
+                    Ok(Event::Error { kind, message }) => return Err(engine_error(kind, message)),
+                    Ok(event) => return Ok(Some((i, event))),
+                    Err(TryRecvError::Empty) => {}
+                    Err(TryRecvError::Disconnected) => return Err(self.stopped()),
+                }
             }
             let mut wait = PEER_PROBE_INTERVAL.min(self.deadline - now);
             if let Some(t) = tick {
                 wait = wait.min(t - now);
             }
-            match self.rx.recv_timeout(wait) {
-                Ok(Event::Error { kind, message }) => {
-                    return Err(match kind {
-                        ErrorKind::Engine => ApiError::Engine { message },
-                        ErrorKind::Shed {
-                            reason,
-                            retry_after_s,
-                        } => ApiError::Shed {
-                            reason,
-                            message,
-                            retry_after_s,
-                        },
-                        ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
-                        ErrorKind::Shutdown => ApiError::ShuttingDown,
-                    })
-                }
-                Ok(event) => return Ok(Some(event)),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err(match self.cancel.reason() {
-                        Some(CancelReason::Stall) => ApiError::Stalled {
-                            limit_ms: self.stall_timeout_ms,
-                        },
-                        Some(CancelReason::Shutdown) => ApiError::ShuttingDown,
-                        _ => ApiError::Engine {
-                            message: "the engine stopped before the request ended".into(),
-                        },
-                    })
-                }
+            // Until one of them has an event (read at the top of the loop).
+            let mut sel = Select::new();
+            for &i in &open {
+                sel.recv(&self.rx[i]);
             }
+            let _ = sel.ready_timeout(wait);
+        }
+    }
+
+    /// The error for a channel the engine let go of before its `End`.
+    fn stopped(&self) -> ApiError {
+        match self.cancel_reason() {
+            Some(CancelReason::Stall) => ApiError::Stalled {
+                limit_ms: self.stall_timeout_ms,
+            },
+            Some(CancelReason::Shutdown) => ApiError::ShuttingDown,
+            _ => ApiError::Engine {
+                message: "the engine stopped before the request ended".into(),
+            },
         }
     }
 
@@ -121,24 +140,49 @@ impl Waiter {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => CancelReason::Stall,
             _ => CancelReason::Disconnect,
         };
-        self.cancel.cancel(reason, self.step());
+        self.cancel_all(reason);
     }
 }
 
-/// A write to the client failed (the cancel flag is set, `Waiter::write_failed`).
+/// An engine refusal or failure as the client's error.
+fn engine_error(kind: ErrorKind, message: String) -> ApiError {
+    match kind {
+        ErrorKind::Engine => ApiError::Engine { message },
+        ErrorKind::Shed {
+            reason,
+            retry_after_s,
+        } => ApiError::Shed {
+            reason,
+            message,
+            retry_after_s,
+        },
+        ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
+        ErrorKind::Shutdown => ApiError::ShuttingDown,
+    }
+}
+
+/// A write to the client failed (the cancel flags are set, `Waiter::write_failed`).
 struct WriteFailed;
 
-/// What the events of one request become.
+/// What the events of one request become; `i` is a choice's index.
 trait Sink {
-    /// The request left the queue: it will not be shed.
+    /// A choice's job left the queue: it will not be shed.
     fn started(&mut self) -> Result<(), WriteFailed>;
     /// When to send a keep-alive, if one is due before the next event.
     fn keep_alive_at(&self) -> Option<Instant>;
     fn keep_alive(&mut self) -> Result<(), WriteFailed>;
     /// The prompt's log-probabilities (`echo` with `logprobs`).
-    fn prompt(&mut self, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed>;
-    fn token(&mut self, text: String, logprob: Option<TokenLogprob>) -> Result<(), WriteFailed>;
-    fn end(self: Box<Self>, finish: FinishReason, usage: Usage) -> Result<(), WriteFailed>;
+    fn prompt(&mut self, i: usize, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed>;
+    fn token(
+        &mut self,
+        i: usize,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    ) -> Result<(), WriteFailed>;
+    /// Choice `i` is complete.
+    fn end_choice(&mut self, i: usize, finish: FinishReason) -> Result<(), WriteFailed>;
+    /// Every choice is complete.
+    fn end(self: Box<Self>, usage: Usage) -> Result<(), WriteFailed>;
     /// The request failed; what the log says of it, from what was sent so far.
     fn fail(self: Box<Self>, e: &ApiError, so_far: Outcome) -> Outcome;
 }
@@ -151,6 +195,7 @@ pub(super) fn reply(
     echo_text: Option<String>,
     w: &Waiter,
 ) -> Outcome {
+    let n = w.rx.len();
     let mut sink: Box<dyn Sink + '_> = if v.stream {
         Box::new(SseSink {
             head: Some(req),
@@ -158,20 +203,25 @@ pub(super) fn reply(
             meta,
             w,
             include_usage: v.include_usage,
-            pending_echo: echo_text,
-            offset: 0,
+            choices: (0..n)
+                .map(|_| SseChoice {
+                    pending_echo: echo_text.clone(),
+                    offset: 0,
+                    call: v.tools.calls().then(CallStream::default),
+                })
+                .collect(),
             keep_alive: w.keep_alive,
             last_write: None,
             tokens_sent: false,
-            call: v.tools.calls().then(CallStream::default),
         })
     } else {
         Box::new(JsonSink {
             req,
             meta,
             with_logprobs: v.top_logprobs.is_some(),
-            text: echo_text.unwrap_or_default(),
-            logprobs: Vec::new(),
+            text: vec![echo_text.unwrap_or_default(); n],
+            logprobs: vec![Vec::new(); n],
+            finish: vec![FinishReason::Stop; n],
             call: v.tools.calls(),
         })
     };
@@ -180,34 +230,54 @@ pub(super) fn reply(
         usage: Usage::default(),
         first_token: None,
         note: "",
+        cached_all: 0,
     };
+    let mut ended = vec![false; n];
+    // The choices' usage: the prompt once (the first to end says it), their
+    // completions summed.
+    let mut total: Option<Usage> = None;
     loop {
-        let written = match w.next_before(sink.keep_alive_at()) {
-            Err(e) => return sink.fail(&e, outcome),
+        let written = match w.next_before(sink.keep_alive_at(), &ended) {
+            Err(e) => {
+                // The other choices stop too.
+                w.cancel_all(CancelReason::Disconnect);
+                return sink.fail(&e, outcome);
+            }
             Ok(None) => sink.keep_alive(),
-            Ok(Some(event)) => match event {
+            Ok(Some((i, event))) => match event {
                 Event::Started => sink.started(),
-                Event::Prompt { logprobs } => sink.prompt(logprobs),
+                Event::Prompt { logprobs } => sink.prompt(i, logprobs),
                 Event::Token { text, logprob, .. } => {
                     outcome.first_token.get_or_insert_with(|| w.t0.elapsed());
                     // The log's count if the stream ends early (End brings the real usage).
                     outcome.usage.completion_tokens += 1;
-                    sink.token(text, logprob)
+                    sink.token(i, text, logprob)
                 }
                 Event::End { finish, usage } => {
-                    outcome.usage = usage;
-                    let written = sink.end(finish, usage);
-                    if written.is_err() {
-                        outcome.note = w.gone_note();
+                    ended[i] = true;
+                    outcome.cached_all += usage.cached_tokens;
+                    let t = total.get_or_insert(Usage {
+                        completion_tokens: 0,
+                        ..usage
+                    });
+                    t.completion_tokens += usage.completion_tokens;
+                    let written = sink.end_choice(i, finish);
+                    if written.is_ok() && ended.iter().all(|&e| e) {
+                        let usage = total.expect("a choice ended");
+                        outcome.usage = usage;
+                        if sink.end(usage).is_err() {
+                            outcome.note = w.gone_note();
+                        }
+                        return outcome;
                     }
-                    return outcome;
+                    written
                 }
                 // `Waiter::next_before` turns errors into `Err`.
                 Event::Error { .. } => Ok(()),
             },
         };
         if written.is_err() {
-            // The cancel flag is set: the engine stops at its next step.
+            // The cancel flags are set: the engine stops at its next step.
             outcome.note = w.gone_note();
             return outcome;
         }
@@ -217,31 +287,36 @@ pub(super) fn reply(
 impl Waiter {
     /// The log's note for a reply cut short by a failed write.
     fn gone_note(&self) -> &'static str {
-        match self.cancel.reason() {
+        match self.cancel_reason() {
             Some(CancelReason::Stall) => "stream_stalled",
             _ => "client_gone",
         }
     }
 }
 
-/// SSE chunks as the events come. The head goes out with the first event, so
-/// that a request refused before it ran (shed, or its deadline passed) still
-/// gets its own status code.
+/// SSE chunks as the events come. The head goes out when the first choice
+/// leaves the queue (or with its first event), so that a request refused
+/// before it ran (shed, or its deadline passed) still gets its own status.
 struct SseSink<'a> {
     head: Option<tiny_http::Request>,
     out: Option<sse::SseWriter>,
     meta: &'a Meta<'a>,
     w: &'a Waiter,
     include_usage: bool,
-    /// The prompt's text (`echo`), sent with the first chunk.
-    pending_echo: Option<String>,
-    /// Characters sent so far (legacy logprobs' text offsets).
-    offset: usize,
+    choices: Vec<SseChoice>,
     /// How often to send `: keep-alive` between the start and the first token.
     keep_alive: Duration,
     /// When the stream last wrote; `None` before its head.
     last_write: Option<Instant>,
     tokens_sent: bool,
+}
+
+/// One choice's part of a stream.
+struct SseChoice {
+    /// The prompt's text (`echo`), sent with the first chunk.
+    pending_echo: Option<String>,
+    /// Characters sent so far (legacy logprobs' text offsets).
+    offset: usize,
     /// The answer is a call: its text becomes `tool_calls` deltas.
     call: Option<CallStream>,
 }
@@ -257,7 +332,9 @@ impl SseSink<'_> {
                 WriteFailed
             })?;
             if self.meta.api == Api::Chat {
-                Self::send(self.w, &mut out, self.meta.role_chunk())?;
+                for i in 0..self.choices.len() {
+                    Self::send(self.w, &mut out, self.meta.role_chunk(i))?;
+                }
             }
             self.out = Some(out);
         }
@@ -272,26 +349,32 @@ impl SseSink<'_> {
         })
     }
 
-    fn send_call(&mut self, deltas: Vec<tools::CallDelta>) -> Result<(), WriteFailed> {
+    fn send_call(&mut self, i: usize, deltas: Vec<tools::CallDelta>) -> Result<(), WriteFailed> {
         let w = self.w;
         self.out()?;
         for d in &deltas {
-            let value = self.meta.tool_chunk(&call_id(self.meta.id), d);
+            let value = self.meta.tool_chunk(i, &call_id(self.meta.id, i), d);
             Self::send(w, self.out()?, value)?;
         }
         Ok(())
     }
 
-    fn chunk(&mut self, text: &str, logprobs: &[&TokenLogprob]) -> Result<(), WriteFailed> {
-        let value = self.meta.text_chunk(text, logprobs, self.offset);
-        self.offset += text.chars().count();
+    fn chunk(
+        &mut self,
+        i: usize,
+        text: &str,
+        logprobs: &[&TokenLogprob],
+    ) -> Result<(), WriteFailed> {
+        let c = &mut self.choices[i];
+        let value = self.meta.text_chunk(i, text, logprobs, c.offset);
+        c.offset += text.chars().count();
         let w = self.w;
         Self::send(w, self.out()?, value)
     }
 }
 
 impl Sink for SseSink<'_> {
-    /// The head (and a chat's role chunk) goes out now: a stream that can no
+    /// The head (and a chat's role chunks) goes out now: a stream that can no
     /// longer be refused has its status, and bytes flow from here on.
     fn started(&mut self) -> Result<(), WriteFailed> {
         self.out().map(|_| ())
@@ -312,50 +395,61 @@ impl Sink for SseSink<'_> {
         })
     }
 
-    fn prompt(&mut self, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed> {
-        let text = self.pending_echo.take().unwrap_or_default();
+    fn prompt(&mut self, i: usize, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed> {
+        let text = self.choices[i].pending_echo.take().unwrap_or_default();
         let entries: Vec<&TokenLogprob> = logprobs.iter().collect();
-        self.chunk(&text, &entries)
+        self.chunk(i, &text, &entries)
     }
 
-    fn token(&mut self, text: String, logprob: Option<TokenLogprob>) -> Result<(), WriteFailed> {
+    fn token(
+        &mut self,
+        i: usize,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    ) -> Result<(), WriteFailed> {
         self.tokens_sent = true;
         let mut text = text;
-        if let Some(echo) = self.pending_echo.take() {
-            self.offset += echo.chars().count();
+        let c = &mut self.choices[i];
+        if let Some(echo) = c.pending_echo.take() {
+            c.offset += echo.chars().count();
             text.insert_str(0, &echo);
         }
-        if let Some(call) = &mut self.call {
+        if let Some(call) = &mut c.call {
             let deltas = call.push(&text);
-            return self.send_call(deltas);
+            return self.send_call(i, deltas);
         }
         let entries: Vec<&TokenLogprob> = logprob.iter().collect();
         if text.is_empty() && entries.is_empty() {
             // Nothing to say yet, but the stream starts.
             return self.out().map(|_| ());
         }
-        self.chunk(&text, &entries)
+        self.chunk(i, &text, &entries)
     }
 
-    fn end(mut self: Box<Self>, finish: FinishReason, usage: Usage) -> Result<(), WriteFailed> {
+    fn end_choice(&mut self, i: usize, finish: FinishReason) -> Result<(), WriteFailed> {
         let w = self.w;
-        if let Some(echo) = self.pending_echo.take() {
-            let value = self.meta.text_chunk(&echo, &[], 0);
+        if let Some(echo) = self.choices[i].pending_echo.take() {
+            let value = self.meta.text_chunk(i, &echo, &[], 0);
             Self::send(w, self.out()?, value)?;
         }
-        let finish = match self.call.take() {
+        let finish = match self.choices[i].call.take() {
             Some(mut call) => {
                 let deltas = call.finish(finish == FinishReason::Stop);
-                self.send_call(deltas)?;
-                self.meta.tool_finish_chunk(finish)
+                self.send_call(i, deltas)?;
+                self.meta.tool_finish_chunk(i, finish)
             }
-            None => self.meta.finish_chunk(finish),
+            None => self.meta.finish_chunk(i, finish),
         };
-        Self::send(w, self.out()?, finish)?;
+        Self::send(w, self.out()?, finish)
+    }
+
+    fn end(mut self: Box<Self>, usage: Usage) -> Result<(), WriteFailed> {
+        let w = self.w;
         if self.include_usage {
             let value = self.meta.usage_chunk(usage);
             Self::send(w, self.out()?, value)?;
         }
+        self.out()?;
         let out = self.out.take().expect("the stream is started");
         out.done().map_err(|e| {
             w.write_failed(&e);
@@ -384,13 +478,14 @@ impl Sink for SseSink<'_> {
     }
 }
 
-/// One JSON body at the end: text and log-probabilities gathered.
+/// One JSON body at the end: each choice's text and log-probabilities gathered.
 struct JsonSink<'a> {
     req: tiny_http::Request,
     meta: &'a Meta<'a>,
     with_logprobs: bool,
-    text: String,
-    logprobs: Vec<TokenLogprob>,
+    text: Vec<String>,
+    logprobs: Vec<Vec<TokenLogprob>>,
+    finish: Vec<FinishReason>,
     /// The answer is a call: its text becomes `tool_calls`.
     call: bool,
 }
@@ -409,33 +504,47 @@ impl Sink for JsonSink<'_> {
         Ok(())
     }
 
-    fn prompt(&mut self, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed> {
-        self.logprobs.extend(logprobs);
+    fn prompt(&mut self, i: usize, logprobs: Vec<TokenLogprob>) -> Result<(), WriteFailed> {
+        self.logprobs[i].extend(logprobs);
         Ok(())
     }
 
-    fn token(&mut self, text: String, logprob: Option<TokenLogprob>) -> Result<(), WriteFailed> {
-        self.text.push_str(&text);
-        self.logprobs.extend(logprob);
+    fn token(
+        &mut self,
+        i: usize,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    ) -> Result<(), WriteFailed> {
+        self.text[i].push_str(&text);
+        self.logprobs[i].extend(logprob);
         Ok(())
     }
 
-    fn end(self: Box<Self>, finish: FinishReason, usage: Usage) -> Result<(), WriteFailed> {
-        if self.call {
-            let (name, args) = tools::parse_call(&self.text).unwrap_or_default();
-            let body = self
-                .meta
-                .tool_response(&call_id(self.meta.id), &name, &args, finish, usage);
-            respond_json(self.req, 200, &body);
-            return Ok(());
-        }
-        let entries: Vec<&TokenLogprob> = self.logprobs.iter().collect();
-        let lp = self.with_logprobs.then_some(entries.as_slice());
-        respond_json(
-            self.req,
-            200,
-            &self.meta.response(&self.text, lp, finish, usage),
-        );
+    fn end_choice(&mut self, i: usize, finish: FinishReason) -> Result<(), WriteFailed> {
+        self.finish[i] = finish;
+        Ok(())
+    }
+
+    fn end(self: Box<Self>, usage: Usage) -> Result<(), WriteFailed> {
+        let choices: Vec<Value> = (0..self.text.len())
+            .map(|i| {
+                if self.call {
+                    let (name, args) = tools::parse_call(&self.text[i]).unwrap_or_default();
+                    self.meta.tool_choice(
+                        i,
+                        &call_id(self.meta.id, i),
+                        &name,
+                        &args,
+                        self.finish[i],
+                    )
+                } else {
+                    let entries: Vec<&TokenLogprob> = self.logprobs[i].iter().collect();
+                    let lp = self.with_logprobs.then_some(entries.as_slice());
+                    self.meta.text_choice(i, &self.text[i], lp, self.finish[i])
+                }
+            })
+            .collect();
+        respond_json(self.req, 200, &self.meta.response(choices, usage));
         Ok(())
     }
 
@@ -445,8 +554,11 @@ impl Sink for JsonSink<'_> {
     }
 }
 
-/// A call's id, from its response's (one call per answer).
-fn call_id(response_id: &str) -> String {
+/// A call's id, from its response's and its choice's index.
+fn call_id(response_id: &str, i: usize) -> String {
     let unique = response_id.strip_prefix("chatcmpl-").unwrap_or(response_id);
-    format!("call_{unique}")
+    match i {
+        0 => format!("call_{unique}"),
+        _ => format!("call_{unique}-{i}"),
+    }
 }

@@ -11,7 +11,7 @@ use crate::auth;
 use crate::ffi::{SamplingParams, Token};
 use crate::priority::Class;
 use crate::ratelimit::{ClientId, Limit, RateLimiter};
-use crate::stream::CancelFlag;
+use crate::stream::{CancelFlag, CancelReason};
 use crossbeam_channel::bounded;
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -87,8 +87,10 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     } else {
         state.prefix.reusable(&prompt)
     };
-    // The client's bucket pays for the work the request may ask for.
-    let cost = (prompt_tokens - cached_estimate + gen.max_tokens) as u64;
+    // The client's bucket pays for the work the request may ask for: each
+    // choice is a sequence of its own.
+    let n = valid.n;
+    let cost = (n * (prompt_tokens - cached_estimate + gen.max_tokens)) as u64;
     let mut bucket = match client.limit {
         None => None,
         Some(limit) => match state.limiter.charge(client.id, limit, cost) {
@@ -119,30 +121,48 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     };
     let max_tokens = gen.max_tokens;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
-    let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
-    let cancel = CancelFlag::default();
-    let job = Job {
-        id,
-        class,
-        prompt,
-        gen,
-        enqueued_at: t0,
-        deadline: Some(t0 + Duration::from_millis(timeout_ms)),
-        events: tx,
-        cancel: cancel.clone(),
-        cached_estimate,
-    };
     let prompt_ids_for_echo = match (&valid.input, valid.echo) {
         (Input::Tokens(ids), true) => Some(ids.clone()),
         _ => None,
     };
-    if let Err(refused) = state.admission.submit(job) {
-        let e = ApiError::from(refused);
-        // Refused for overload, not for the client's spending: the whole
-        // charge goes back (`bucket` drops with all of it unused).
-        log_request(&path, &tags, t0, &outcome_of_error(&e));
-        respond_error(req, &e);
-        return;
+    // One job per choice, each with its own events and cancel flag; a
+    // choice after the first samples with the next seed.
+    let mut rxs = Vec::with_capacity(n);
+    let mut cancels: Vec<CancelFlag> = Vec::with_capacity(n);
+    for i in 0..n {
+        let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
+        let cancel = CancelFlag::default();
+        let mut gen = gen.clone();
+        gen.sampling.seed = gen.sampling.seed.wrapping_add(i as u32);
+        let job = Job {
+            id: if i == 0 {
+                id
+            } else {
+                state.next_id.fetch_add(1, Ordering::Relaxed)
+            },
+            class,
+            prompt: prompt.clone(),
+            gen,
+            enqueued_at: t0,
+            deadline: Some(t0 + Duration::from_millis(timeout_ms)),
+            events: tx,
+            cancel: cancel.clone(),
+            cached_estimate,
+        };
+        if let Err(refused) = state.admission.submit(job) {
+            // All of them or none: the choices already queued never run.
+            for c in &cancels {
+                c.cancel(CancelReason::Disconnect, 0);
+            }
+            let e = ApiError::from(refused);
+            // Refused for overload, not for the client's spending: the whole
+            // charge goes back (`bucket` drops with all of it unused).
+            log_request(&path, &tags, t0, &outcome_of_error(&e));
+            respond_error(req, &e);
+            return;
+        }
+        rxs.push(rx);
+        cancels.push(cancel);
     }
     let echo_text = valid
         .echo
@@ -163,7 +183,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
         include_usage: valid.include_usage,
     };
     let waiter = reply::Waiter {
-        rx,
+        rx: rxs,
         t0,
         deadline: t0 + Duration::from_millis(timeout_ms),
         timeout_ms,
@@ -171,7 +191,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
         keep_alive: state.cfg.sse_keep_alive,
         probe,
         probed_at: std::cell::Cell::new(t0),
-        cancel,
+        cancel: cancels,
         metrics: Arc::clone(&state.metrics),
     };
     let mut outcome = reply::reply(req, &meta, &valid, echo_text, &waiter);
@@ -179,11 +199,12 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     // and so does the difference between the cached tokens expected and
     // those reused, once the engine has said (its End event).
     if let Some(b) = &mut bucket {
-        b.unused = max_tokens.saturating_sub(outcome.usage.completion_tokens) as u64;
+        b.unused = (n * max_tokens).saturating_sub(outcome.usage.completion_tokens) as u64;
         if outcome.usage.prompt_tokens > 0 {
-            let reused = outcome.usage.cached_tokens;
-            b.unused += reused.saturating_sub(cached_estimate) as u64;
-            let more = cached_estimate.saturating_sub(reused) as u64;
+            let reused = outcome.cached_all;
+            let expected = n * cached_estimate;
+            b.unused += reused.saturating_sub(expected) as u64;
+            let more = expected.saturating_sub(reused) as u64;
             state.limiter.debit(b.id, b.limit, more);
         }
     }

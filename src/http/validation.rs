@@ -15,6 +15,8 @@ pub const STOP_STRINGS_MAX: usize = 16;
 pub const STOP_BYTES_MAX: usize = 256;
 /// Most messages in one chat request.
 pub const MESSAGES_MAX: usize = 1024;
+/// Most choices (`n`) per request; each is a sequence of its own.
+pub const N_MAX: usize = 8;
 /// Most `logit_bias` entries per request.
 pub const LOGIT_BIAS_MAX: usize = 1024;
 /// Highest `max_tokens` anyone may ask for; the context bounds it further.
@@ -99,6 +101,8 @@ pub struct ValidRequest {
     pub format: Format,
     /// Chat only: `tools` and `tool_choice`.
     pub tools: super::tools::Tools,
+    /// Choices to generate (`n`).
+    pub n: usize,
 }
 
 /// What the answer must be (`response_format`).
@@ -139,14 +143,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
         Api::Chat => Input::Chat(parse_messages(&obj)?),
         Api::Completions => parse_prompt(&obj)?,
     };
-    if let Some(n) = opt_int(&obj, "n", 1, 1_000_000)? {
-        if n != 1 {
-            return Err(ApiError::invalid(
-                "n",
-                format!("'n' is {n}; sluice returns one choice, so it must be 1"),
-            ));
-        }
-    }
+    let n = opt_int(&obj, "n", 1, N_MAX)?.unwrap_or(1);
     let stream = opt_bool(&obj, "stream")?.unwrap_or(false);
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
@@ -205,6 +202,7 @@ pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
             Api::Chat => super::tools::parse(&obj)?,
             Api::Completions => super::tools::Tools::none(),
         },
+        n,
         top_logprobs,
         echo,
     })
@@ -674,7 +672,7 @@ mod tests {
                 Some("stream"),
             ),
             (
-                r#"{"messages":[{"role":"user","content":"x"}],"n":3}"#,
+                r#"{"messages":[{"role":"user","content":"x"}],"n":9}"#,
                 Some("n"),
             ),
             (

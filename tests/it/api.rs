@@ -2,6 +2,7 @@
 
 use crate::harness::*;
 use serde_json::json;
+use std::time::Duration;
 
 fn chat(content: &str, extra: serde_json::Value) -> serde_json::Value {
     let mut body = json!({"messages": [{"role": "user", "content": content}], "temperature": 0});
@@ -494,4 +495,62 @@ fn a_chat_template_file_that_does_not_compile_stops_start_up_with_its_line() {
         "{err}"
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn n_choices_are_n_sequences_counted_in_admission_and_streamed_by_index() {
+    let srv = Server::start(&[]);
+    let body = json!({"messages": [{"role": "user", "content": "Name a colour."}],
+                      "n": 3, "max_tokens": 6, "temperature": 1, "seed": 7, "ignore_eos": true});
+    let r = srv.post("/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.body_json();
+    let choices = v["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i, "{v}");
+        assert_eq!(c["finish_reason"], "length", "{v}");
+    }
+    // The prompt is counted once, the completions summed.
+    assert_eq!(v["usage"]["completion_tokens"], 18, "{v}");
+    // Three sequences: three admitted, three completed.
+    assert_eq!(srv.metric("sluice_requests_accepted_total"), 3.0);
+    assert_eq!(srv.metric("sluice_tokens_generated_total"), 18.0);
+
+    // Streamed: each chunk names its choice, each choice ends once.
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    stream["n"] = json!(2);
+    let mut sse = Sse::open(srv.addr, "/v1/chat/completions", &stream);
+    assert_eq!(sse.status, 200);
+    let mut text = [String::new(), String::new()];
+    let mut finished = [0, 0];
+    while let Some(c) = sse.next_json() {
+        let i = c["choices"][0]["index"].as_u64().expect("index") as usize;
+        text[i].push_str(&delta_text(&c));
+        if c["choices"][0]["finish_reason"].is_string() {
+            finished[i] += 1;
+        }
+    }
+    assert_eq!(finished, [1, 1]);
+    assert!(text.iter().all(|t| !t.is_empty()), "{text:?}");
+    assert_eq!(srv.metric("sluice_requests_accepted_total"), 5.0);
+    // A client that leaves stops every choice.
+    let generated = srv.metric("sluice_tokens_generated_total");
+    let mut long = body.clone();
+    long["max_tokens"] = json!(2000);
+    let s = send_json(srv.addr, "/v1/chat/completions", &long);
+    wait_until(Duration::from_secs(120), "the choices to generate", || {
+        srv.metric("sluice_tokens_generated_total") > generated
+    });
+    drop(s);
+    wait_until(Duration::from_secs(120), "every choice cancelled", || {
+        srv.metric("sluice_requests_cancelled_total{reason=\"disconnect\"}") == 3.0
+    });
+    // More than 8 is a 400 naming n.
+    let mut many = body.clone();
+    many["n"] = json!(9);
+    let r = srv.post("/v1/chat/completions", &many);
+    assert_eq!(r.status, 400);
+    assert_eq!(r.body_json()["error"]["param"], "n");
 }

@@ -54,6 +54,7 @@ const CHECKS: &[&str] = &[
     "a_streamed_tool_call_arrives_as_tool_calls_deltas",
     "a_call_and_its_result_in_the_history_are_answered_in_text",
     "tool_choice_auto_is_refused_naming_it",
+    "n_choices_come_back_by_index",
 ];
 
 #[test]

@@ -351,6 +351,19 @@ def check_tool_choice_auto_is_refused_naming_it():
             raise AssertionError(f"tools with {kw or 'no tool_choice'} were answered 200")
 
 
+def check_n_choices_come_back_by_index():
+    r = chat([{"role": "user", "content": "Name a fruit."}], n=3, max_tokens=8, temperature=1, seed=3)
+    assert [c.index for c in r.choices] == [0, 1, 2], r.choices
+    assert all(c.message.content for c in r.choices), r.choices
+    assert 3 <= r.usage.completion_tokens <= 3 * 8, r.usage
+    seen = {}
+    for chunk in chat([{"role": "user", "content": "Name a fruit."}], n=2, max_tokens=8, stream=True):
+        for c in chunk.choices:
+            seen.setdefault(c.index, "")
+            seen[c.index] += c.delta.content or ""
+    assert sorted(seen) == [0, 1], seen
+
+
 # --- runner ------------------------------------------------------------------
 
 
