@@ -359,7 +359,7 @@ impl ApiError {
     pub fn wait_ms(&self, u: f64) -> Option<u64> {
         match self {
             ApiError::QueueFull(q) => {
-                Some((q.retry_after_ms as f64 * (0.9 + 0.2 * u.clamp(0.0, 1.0))).round() as u64)
+                Some((q.retry_after_ms as f64 * (0.9 + 0.2 * u.clamp(0.0, 1.0))).floor() as u64)
             }
             _ => self.retry_after_s().map(|s| jittered_wait_ms(s, u)),
         }
@@ -370,7 +370,7 @@ impl ApiError {
 /// refused together do not come back together: `u` (uniform in [0, 1)) picks
 /// a point in [0.5, 1.5) × the estimated wait, whose mean is the estimate.
 pub fn jittered_wait_ms(retry_after_s: u64, u: f64) -> u64 {
-    (retry_after_s as f64 * 1000.0 * (0.5 + u.clamp(0.0, 1.0))).round() as u64
+    (retry_after_s as f64 * 1000.0 * (0.5 + u.clamp(0.0, 1.0))).floor() as u64
 }
 
 /// `Retry-After` (whole seconds) for a jittered wait: never before it.
@@ -397,7 +397,7 @@ mod tests {
     fn waits_are_spread_around_the_estimate_and_retry_after_is_never_earlier() {
         assert_eq!(jittered_wait_ms(4, 0.0), 2000);
         assert_eq!(jittered_wait_ms(4, 0.5), 4000);
-        assert_eq!(jittered_wait_ms(4, 0.999_999), 6000);
+        assert_eq!(jittered_wait_ms(4, 0.999_999), 5999, "never the whole 1.5x");
         assert_eq!(jittered_wait_ms(1, 0.25), 750);
         assert_eq!(retry_after_header_s(750), 1);
         assert_eq!(retry_after_header_s(1001), 2);

@@ -625,7 +625,7 @@ pub(crate) fn refusal_bytes(r: &Refusal, retry_after_s: Option<u64>, close: bool
     out.into_bytes()
 }
 
-/// sluice patch: a refusal's wait spread over [0.5, 1.5) x `retry_after_s`,
+/// sluice patch: a refusal's wait spread over [0.5, 1.5) x `retry_after_s` (whole ms, rounded down),
 /// so clients refused together do not come back together: (`Retry-After` in
 /// whole seconds, never earlier than the milliseconds; `retry-after-ms`, which
 /// the OpenAI SDKs read first). The spread comes from the clock's nanoseconds.
@@ -635,7 +635,7 @@ pub(crate) fn jittered_wait(retry_after_s: u64) -> (u64, u64) {
         .map_or(0, |d| d.subsec_nanos());
     // A multiplicative hash, so that calls close in time spread too.
     let u = f64::from(nanos.wrapping_mul(2_654_435_761) >> 8) / f64::from(1u32 << 24);
-    let ms = (retry_after_s as f64 * 1000.0 * (0.5 + u)).round() as u64;
+    let ms = (retry_after_s as f64 * 1000.0 * (0.5 + u)).floor() as u64;
     (ms.div_ceil(1000).max(1), ms)
 }
 
