@@ -2,7 +2,8 @@
 //! not change an answer, and which it refuses: an OpenAI field that would
 //! change the answer but is not implemented gets a 400 naming it, never a 200
 //! that silently ignores it (OpenAI itself rejects arguments it does not know).
-//! The README's field table is this module in prose.
+//! The README's field table is this module in prose. Also: reading one
+//! optional field of a body (`opt_bool`, `opt_int`, `opt_f32`).
 
 use super::error::ApiError;
 use serde_json::{Map, Value};
@@ -111,6 +112,70 @@ pub fn check(api: Api, obj: &Map<String, Value>) -> Result<(), ApiError> {
         return Err(ApiError::invalid(name, message));
     }
     Ok(())
+}
+
+// Reading one optional field, naming it and its range when it is wrong.
+
+pub(super) fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::invalid(
+            key,
+            format!("'{key}' must be true or false"),
+        )),
+    }
+}
+
+pub(super) fn opt_int(
+    obj: &Map<String, Value>,
+    key: &str,
+    lo: usize,
+    hi: usize,
+) -> Result<Option<usize>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            let range = || {
+                ApiError::invalid(
+                    key,
+                    format!("'{key}' is {n}; it must be an integer from {lo} to {hi}"),
+                )
+            };
+            let v = n.as_u64().ok_or_else(range)?;
+            let v = usize::try_from(v).map_err(|_| range())?;
+            if v < lo || v > hi {
+                return Err(range());
+            }
+            Ok(Some(v))
+        }
+        Some(_) => Err(ApiError::invalid(
+            key,
+            format!("'{key}' must be an integer"),
+        )),
+    }
+}
+
+pub(super) fn opt_f32(
+    obj: &Map<String, Value>,
+    key: &str,
+    lo: f32,
+    hi: f32,
+) -> Result<Option<f32>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => {
+            let v = n.as_f64().unwrap_or(f64::NAN);
+            if !(v >= f64::from(lo) && v <= f64::from(hi)) {
+                return Err(ApiError::invalid(
+                    key,
+                    format!("'{key}' is {n}; it must be {lo} to {hi}"),
+                ));
+            }
+            Ok(Some(v as f32))
+        }
+        Some(_) => Err(ApiError::invalid(key, format!("'{key}' must be a number"))),
+    }
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ pub mod error;
 mod fields;
 mod guard;
 pub mod openai;
+mod output;
 pub mod prompt;
 mod reply;
 mod request;

@@ -6,6 +6,9 @@
 
 use super::error::ApiError;
 pub use super::fields::Api;
+use super::fields::{opt_bool, opt_f32, opt_int};
+pub use super::output::Format;
+use super::output::{parse_format, parse_penalties};
 use crate::admission::Penalties;
 use crate::engine::logprobs::TOP_LOGPROBS_MAX;
 use serde_json::{Map, Value};
@@ -17,8 +20,6 @@ pub const STOP_BYTES_MAX: usize = 256;
 pub const MESSAGES_MAX: usize = 1024;
 /// Most choices (`n`) per request; each is a sequence of its own.
 pub const N_MAX: usize = 8;
-/// Most `logit_bias` entries per request.
-pub const LOGIT_BIAS_MAX: usize = 1024;
 /// Highest `max_tokens` anyone may ask for; the context bounds it further.
 pub const MAX_TOKENS_CEILING: usize = crate::config::CTX_TOKENS_MAX;
 
@@ -103,20 +104,6 @@ pub struct ValidRequest {
     pub tools: super::tools::Tools,
     /// Choices to generate (`n`).
     pub n: usize,
-}
-
-/// What the answer must be (`response_format`).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Format {
-    Text,
-    /// Any JSON object.
-    JsonObject,
-    /// JSON valid against `schema`; `strict` refuses keywords that cannot be
-    /// enforced.
-    JsonSchema {
-        schema: Value,
-        strict: bool,
-    },
 }
 
 pub fn parse(api: Api, body: &[u8]) -> Result<ValidRequest, ApiError> {
@@ -418,183 +405,6 @@ fn parse_stop(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
     Ok(stops.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
-fn parse_format(obj: &Map<String, Value>) -> Result<Format, ApiError> {
-    const P: &str = "response_format";
-    let rf = match obj.get(P) {
-        None | Some(Value::Null) => return Ok(Format::Text),
-        Some(Value::Object(rf)) => rf,
-        Some(_) => return Err(ApiError::invalid(P, "'response_format' must be an object")),
-    };
-    match rf.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(Format::Text),
-        Some("json_object") => Ok(Format::JsonObject),
-        Some("json_schema") => {
-            let Some(Value::Object(js)) = rf.get("json_schema") else {
-                return Err(ApiError::invalid(
-                    "response_format.json_schema",
-                    "'response_format.json_schema' is required with type json_schema: {\"name\": ..., \"schema\": {...}}",
-                ));
-            };
-            match js.get("name") {
-                Some(Value::String(n))
-                    if !n.is_empty()
-                        && n.len() <= 64
-                        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') => {}
-                _ => {
-                    return Err(ApiError::invalid(
-                        "response_format.json_schema.name",
-                        "'response_format.json_schema.name' is required: 1 to 64 of a-z, A-Z, 0-9, _ and -",
-                    ))
-                }
-            }
-            let schema =
-                match js.get("schema") {
-                    Some(s @ Value::Object(_)) => s.clone(),
-                    _ => return Err(ApiError::invalid(
-                        "response_format.json_schema.schema",
-                        "'response_format.json_schema.schema' must be a JSON schema (an object)",
-                    )),
-                };
-            let strict = match js.get("strict") {
-                None | Some(Value::Null) => false,
-                Some(Value::Bool(b)) => *b,
-                Some(_) => {
-                    return Err(ApiError::invalid(
-                        "response_format.json_schema.strict",
-                        "'response_format.json_schema.strict' must be true or false",
-                    ))
-                }
-            };
-            Ok(Format::JsonSchema { schema, strict })
-        }
-        _ => Err(ApiError::invalid(
-            "response_format.type",
-            "'response_format.type' must be text, json_object or json_schema",
-        )),
-    }
-}
-
-fn parse_penalties(obj: &Map<String, Value>) -> Result<Penalties, ApiError> {
-    let mut logit_bias = Vec::new();
-    match obj.get("logit_bias") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(m)) => {
-            if m.len() > LOGIT_BIAS_MAX {
-                return Err(ApiError::invalid(
-                    "logit_bias",
-                    format!(
-                        "'logit_bias' has {} entries; the limit is {LOGIT_BIAS_MAX}",
-                        m.len()
-                    ),
-                ));
-            }
-            for (key, v) in m {
-                let token: i32 = key.parse().ok().filter(|t| *t >= 0).ok_or_else(|| {
-                    ApiError::invalid(
-                        "logit_bias",
-                        format!(
-                            "'logit_bias' key '{key}' is not a token id (a non-negative integer)"
-                        ),
-                    )
-                })?;
-                let bias = v
-                    .as_f64()
-                    .filter(|b| (-100.0..=100.0).contains(b))
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            "logit_bias",
-                            format!("'logit_bias' value for token {token} is {v}; it must be a number from -100 to 100"),
-                        )
-                    })?;
-                // "1" and "01" are the same token: the last one given wins.
-                logit_bias.retain(|&(t, _)| t != token);
-                logit_bias.push((token, bias as f32));
-            }
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "logit_bias",
-                "'logit_bias' must be an object mapping token ids to biases",
-            ))
-        }
-    }
-    let repetition = match obj.get("repetition_penalty") {
-        None | Some(Value::Null) => 1.0,
-        Some(Value::Number(n)) if n.as_f64().is_some_and(|r| r > 0.0 && r <= 10.0) => {
-            n.as_f64().unwrap_or(1.0) as f32
-        }
-        Some(v) => {
-            return Err(ApiError::invalid(
-                "repetition_penalty",
-                format!("'repetition_penalty' is {v}; it must be a number above 0 and at most 10 (1 is none)"),
-            ))
-        }
-    };
-    Ok(Penalties {
-        presence: opt_f32(obj, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-        frequency: opt_f32(obj, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
-        repetition,
-        logit_bias,
-    })
-}
-
-fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::invalid(
-            key,
-            format!("'{key}' must be true or false"),
-        )),
-    }
-}
-
-fn opt_int(
-    obj: &Map<String, Value>,
-    key: &str,
-    lo: usize,
-    hi: usize,
-) -> Result<Option<usize>, ApiError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => {
-            let range = || {
-                ApiError::invalid(
-                    key,
-                    format!("'{key}' is {n}; it must be an integer from {lo} to {hi}"),
-                )
-            };
-            let v = n.as_u64().ok_or_else(range)?;
-            let v = usize::try_from(v).map_err(|_| range())?;
-            if v < lo || v > hi {
-                return Err(range());
-            }
-            Ok(Some(v))
-        }
-        Some(_) => Err(ApiError::invalid(
-            key,
-            format!("'{key}' must be an integer"),
-        )),
-    }
-}
-
-fn opt_f32(obj: &Map<String, Value>, key: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Number(n)) => {
-            let v = n.as_f64().unwrap_or(f64::NAN);
-            if !(v >= f64::from(lo) && v <= f64::from(hi)) {
-                return Err(ApiError::invalid(
-                    key,
-                    format!("'{key}' is {n}; it must be {lo} to {hi}"),
-                ));
-            }
-            Ok(Some(v as f32))
-        }
-        Some(_) => Err(ApiError::invalid(key, format!("'{key}' must be a number"))),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -713,85 +523,6 @@ mod tests {
             stops.join(",")
         );
         assert_eq!(param_of(chat(&body).unwrap_err()).as_deref(), Some("stop"));
-    }
-
-    #[test]
-    fn response_formats_are_parsed_and_bad_ones_named() {
-        let with = |rf: &str| {
-            chat(&format!(
-                r#"{{"messages":[{{"role":"user","content":"x"}}],"response_format":{rf}}}"#
-            ))
-        };
-        assert_eq!(with(r#"{"type":"text"}"#).unwrap().format, Format::Text);
-        assert_eq!(
-            with(r#"{"type":"json_object"}"#).unwrap().format,
-            Format::JsonObject
-        );
-        assert_eq!(
-            with(r#"{"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":{"type":"object"}}}"#)
-                .unwrap()
-                .format,
-            Format::JsonSchema {
-                schema: serde_json::json!({"type": "object"}),
-                strict: true
-            }
-        );
-        for (rf, param) in [
-            (r#""json""#, "response_format"),
-            (r#"{"type":"yaml"}"#, "response_format.type"),
-            (r#"{"type":"json_schema"}"#, "response_format.json_schema"),
-            (
-                r#"{"type":"json_schema","json_schema":{"schema":{}}}"#,
-                "response_format.json_schema.name",
-            ),
-            (
-                r#"{"type":"json_schema","json_schema":{"name":"a b","schema":{}}}"#,
-                "response_format.json_schema.name",
-            ),
-            (
-                r#"{"type":"json_schema","json_schema":{"name":"p","schema":true}}"#,
-                "response_format.json_schema.schema",
-            ),
-            (
-                r#"{"type":"json_schema","json_schema":{"name":"p","schema":{},"strict":"yes"}}"#,
-                "response_format.json_schema.strict",
-            ),
-        ] {
-            match with(rf) {
-                Err(ApiError::InvalidRequest { param: Some(p), .. }) => {
-                    assert_eq!(p, param, "{rf}")
-                }
-                other => panic!("{rf}: {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn penalties_and_logit_bias_are_parsed_within_their_ranges() {
-        let r = chat(r#"{"messages":[{"role":"user","content":"x"}],"presence_penalty":-2,"frequency_penalty":1.5,"repetition_penalty":1.1,"logit_bias":{"7":-100,"3":2.5}}"#).unwrap();
-        assert_eq!(r.penalties.presence, -2.0);
-        assert_eq!(r.penalties.frequency, 1.5);
-        assert!((r.penalties.repetition - 1.1).abs() < 1e-6);
-        let mut bias = r.penalties.logit_bias.clone();
-        bias.sort_by_key(|&(t, _)| t);
-        assert_eq!(bias, vec![(3, 2.5), (7, -100.0)]);
-        for (body, param) in [
-            (r#""presence_penalty":2.5"#, "presence_penalty"),
-            (r#""frequency_penalty":"lots""#, "frequency_penalty"),
-            (r#""repetition_penalty":0"#, "repetition_penalty"),
-            (r#""logit_bias":{"x":1}"#, "logit_bias"),
-            (r#""logit_bias":{"-1":1}"#, "logit_bias"),
-            (r#""logit_bias":{"5":101}"#, "logit_bias"),
-            (r#""logit_bias":[1]"#, "logit_bias"),
-        ] {
-            let full = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{body}}}"#);
-            match chat(&full) {
-                Err(ApiError::InvalidRequest { param: Some(p), .. }) => {
-                    assert_eq!(p, param, "{body}")
-                }
-                other => panic!("{body}: {other:?}"),
-            }
-        }
     }
 
     #[test]
