@@ -127,6 +127,15 @@ pub(super) fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<boo
     }
 }
 
+/// OpenAI's rule for a function's or a schema's name: 1 to 64 of a-z, A-Z,
+/// 0-9, `_` and `-`.
+pub(super) fn is_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 64
+        && n.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 pub(super) fn opt_int(
     obj: &Map<String, Value>,
     key: &str,

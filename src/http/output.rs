@@ -2,7 +2,7 @@
 //! output) and the logit bias and penalties the sampler applies.
 
 use super::error::ApiError;
-use super::fields::opt_f32;
+use super::fields::{is_name, opt_f32};
 use crate::admission::Penalties;
 use serde_json::{Map, Value};
 
@@ -40,10 +40,7 @@ pub(super) fn parse_format(obj: &Map<String, Value>) -> Result<Format, ApiError>
                 ));
             };
             match js.get("name") {
-                Some(Value::String(n))
-                    if !n.is_empty()
-                        && n.len() <= 64
-                        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') => {}
+                Some(Value::String(n)) if is_name(n) => {}
                 _ => {
                     return Err(ApiError::invalid(
                         "response_format.json_schema.name",

@@ -12,6 +12,7 @@
 //! given.
 
 use super::error::ApiError;
+use super::fields::is_name;
 use serde_json::{json, Map, Value};
 
 /// Most tools per request.
@@ -129,7 +130,7 @@ pub fn parse_list(obj: &Map<String, Value>) -> Result<Vec<Tool>, ApiError> {
             ));
         };
         let name = match f.get("name") {
-            Some(Value::String(n)) if valid_name(n) => n.clone(),
+            Some(Value::String(n)) if is_name(n) => n.clone(),
             _ => {
                 return Err(ApiError::invalid(
                     format!("{p}.function.name"),
@@ -215,13 +216,6 @@ fn auto_refused(what: &str) -> ApiError {
              enforced by the function's schema, or \"none\""
         ),
     )
-}
-
-fn valid_name(n: &str) -> bool {
-    !n.is_empty()
-        && n.len() <= 64
-        && n.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// The text a call is written as (what structured output enforces), e.g.
