@@ -86,6 +86,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     let grammars_started = std::time::Instant::now();
     let grammars = crate::grammar::Grammars::new(&model).map(Arc::new);
     let grammars_ms = grammars_started.elapsed().as_millis();
+    let (pooling, pooling_source) = embedding_pooling(&model, cfg.pooling);
     let metrics = Arc::new(Metrics::default());
 
     // The engine thread creates the context: ggml pins the creating thread as its
@@ -311,6 +312,14 @@ fn serve(cfg: Config) -> Result<(), String> {
         ),
         Err(e) => crate::say!("sluice: no structured output for this model: {e}"),
     }
+    match pooling {
+        Some(p) => crate::say!(
+            "sluice: /v1/embeddings: {} pooling ({pooling_source}), {} floats a vector",
+            p.name(),
+            model.n_embd()
+        ),
+        None => crate::say!("sluice: /v1/embeddings off: {pooling_source}"),
+    }
     let step = match cfg.step_tokens {
         Some(n) => format!("step budget {n} tokens (--step-tokens)"),
         None => format!(
@@ -337,6 +346,9 @@ fn serve(cfg: Config) -> Result<(), String> {
         stopping: AtomicBool::new(false),
         in_flight: AtomicUsize::new(0),
         prompter,
+        pooling,
+        pooling_source,
+        n_embd: model.n_embd(),
         grammars,
         prefix: prefix_index,
         admission,
@@ -587,6 +599,37 @@ fn start_up_calibration(
     }
     let prompt = engine::calibration::prompt(model, n)?;
     engine::calibration::measure(ctx, &prompt, cfg.parallel, CALIBRATION_STEPS, cfg.kv_layout)
+}
+
+/// How `/v1/embeddings` pools (`--pooling`, by default the GGUF's
+/// `{arch}.pooling_type`), and where that came from or why there is none.
+fn embedding_pooling(
+    model: &ffi::Model,
+    setting: crate::config::PoolingSetting,
+) -> (Option<crate::embed::Pooling>, String) {
+    use crate::config::PoolingSetting;
+    use crate::embed::Pooling;
+    match setting {
+        PoolingSetting::Fixed(p) => (Some(p), "--pooling".into()),
+        PoolingSetting::None => (None, "--pooling none".into()),
+        PoolingSetting::Gguf => {
+            let arch = model.meta("general.architecture").unwrap_or_default();
+            let key = format!("{arch}.pooling_type");
+            match model.meta(&key) {
+                Some(v) => match Pooling::from_gguf(&v) {
+                    Some(p) => (Some(p), format!("the GGUF's {key}")),
+                    None => (
+                        None,
+                        format!("the GGUF's {key} is {v}, which pools no embedding (start sluice with --pooling mean, cls or last to have them anyway)"),
+                    ),
+                },
+                None => (
+                    None,
+                    format!("the GGUF names no {key} (a generative model); start sluice with --pooling mean, cls or last to have embeddings"),
+                ),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

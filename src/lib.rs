@@ -16,6 +16,7 @@ pub mod app;
 mod auth;
 mod calibrate;
 mod config;
+mod embed;
 mod engine;
 mod ffi;
 mod grammar;

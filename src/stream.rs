@@ -39,6 +39,11 @@ pub enum Event {
         text: String,
         logprob: Option<TokenLogprob>,
     },
+    /// The vector of input `index` of an embedding request.
+    Embedding {
+        index: usize,
+        vector: Vec<f32>,
+    },
     End {
         finish: FinishReason,
         usage: Usage,

@@ -28,6 +28,7 @@ mod bounds;
 
 pub use bounds::*;
 
+use crate::embed::EmbedSpec;
 use crate::ffi::{SamplingParams, Token};
 use crate::metrics::Metrics;
 use crate::priority::Class;
@@ -112,13 +113,20 @@ pub struct Job {
     /// Prompt tokens the handler found in the prefix cache when it admitted
     /// the job (`PrefixIndex::reusable`): admission counted only the rest.
     pub cached_estimate: usize,
+    /// An embedding request: its inputs (the prompt is theirs, one after
+    /// another), each answered with a vector instead of generated text.
+    pub embed: Option<EmbedSpec>,
 }
 
 impl Job {
     /// KV cells the job may occupy at most (cells it shares with another
-    /// running sequence included).
+    /// running sequence included): an embedding request's inputs run one at
+    /// a time.
     pub fn kv_cells(&self) -> usize {
-        self.prompt.len() + self.gen.max_tokens
+        match &self.embed {
+            Some(spec) => spec.longest(),
+            None => self.prompt.len() + self.gen.max_tokens,
+        }
     }
 
     /// Prompt tokens admission counts for the job while it waits: the ones it

@@ -39,6 +39,12 @@ pub struct ServeArgs {
     /// the GGUF's tokenizer.chat_template; ChatML if it has none)
     #[argh(option)]
     pub chat_template_file: Option<PathBuf>,
+    /// how /v1/embeddings pools a text's token states into its vector: gguf
+    /// (the model's own pooling_type; a generative model's GGUF has none,
+    /// and then /v1/embeddings refuses), mean, cls, last, or none
+    /// (default: gguf)
+    #[argh(option, default = "PoolingSetting::Gguf", from_str_fn(parse_pooling))]
+    pub pooling: PoolingSetting,
     /// address to listen on (default: 127.0.0.1)
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub host: String,
@@ -374,6 +380,24 @@ fn parse_kv_layout(v: &str) -> Result<KvLayout, String> {
         _ => Err(format!(
             "--kv-layout is '{v}'; it must be per-seq or unified"
         )),
+    }
+}
+
+/// `--pooling`: the GGUF's, fixed by the operator, or none (no embeddings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolingSetting {
+    Gguf,
+    Fixed(crate::embed::Pooling),
+    None,
+}
+
+fn parse_pooling(v: &str) -> Result<PoolingSetting, String> {
+    match v {
+        "gguf" => Ok(PoolingSetting::Gguf),
+        "none" => Ok(PoolingSetting::None),
+        _ => crate::embed::Pooling::from_name(v)
+            .map(PoolingSetting::Fixed)
+            .ok_or_else(|| format!("--pooling is '{v}'; it must be gguf, mean, cls, last or none")),
     }
 }
 

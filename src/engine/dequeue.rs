@@ -308,6 +308,7 @@ impl Engine {
             prefill_s_per_token: None,
             completion_tokens: 0,
             prompt_logprobs: Vec::new(),
+            pooler: Pooler::default(),
             outbox: VecDeque::new(),
             pause: Pause::default(),
             done: false,
@@ -329,7 +330,8 @@ impl Engine {
     /// the shared prefix). A job that wants its prompt's log-probabilities
     /// prefills all of it.
     pub(super) fn reuse_source(&self, job: &Job) -> (Option<Source>, usize) {
-        if job.gen.echo_logprobs || !self.prefix.is_enabled() {
+        // An embedding needs every token's state: nothing is reused.
+        if job.gen.echo_logprobs || job.embed.is_some() || !self.prefix.is_enabled() {
             return (None, 0);
         }
         let free = self.cfg.n_ctx - self.kv_cells_reserved;

@@ -26,6 +26,7 @@ pub mod sample;
 pub mod text;
 
 use crate::admission::{Job, QueueGauge, Queues, Slot};
+use crate::embed::Pooler;
 use crate::ffi::{self, Batch, Context, KvLayout, Model, Token};
 use crate::metrics::Metrics;
 use crate::priority::{Class, Picker};
@@ -51,6 +52,11 @@ const IDLE_WAIT_MS: u64 = 100;
 const KV_RELEASE_IDLE_MS: u64 = 2_000;
 /// How often the engine publishes its measured rates to admission, at most.
 const RATES_PUBLISH_INTERVAL_MS: u64 = 100;
+/// Most embedding-request tokens in one pass. With embeddings on, llama.cpp
+/// outputs every token of a pass, logits too: its output buffer holds a
+/// row of n_vocab floats for each (~12 MB for 64 tokens of a 49k
+/// vocabulary), and keeps the largest it was asked for.
+const EMBED_PASS_TOKENS_MAX: usize = 64;
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub parallel: usize,
@@ -123,6 +129,8 @@ struct Seq {
     prefill_s_per_token: Option<f64>,
     completion_tokens: usize,
     prompt_logprobs: Vec<TokenLogprob>,
+    /// An embedding request's current input's vector in the making.
+    pooler: Pooler,
     outbox: VecDeque<Event>,
     /// Since when the outbox has waited for room in the stream.
     pause: Pause,
@@ -399,22 +407,37 @@ impl Engine {
     /// attention spans as many cells as the deepest sequence's stream holds,
     /// so streams decoding beside a long prompt would pay for its depth.
     fn step(&mut self, ctx: &mut Context, plan: &planner::Plan) {
-        let split = self.cfg.kv_layout == KvLayout::PerSequence
-            && plan.n_decode() > 0
-            && plan.n_decode() < plan.entries.len();
-        let passes: Vec<Vec<&planner::Entry>> = if split {
-            let (decode, prefill) = plan.entries.iter().partition(|e| e.work == Work::Decode);
-            vec![decode, prefill]
+        // An embedding request's chunks go in a pass of their own, the one
+        // with embeddings on (every token of it is output).
+        let (embeds, rest): (Vec<&planner::Entry>, Vec<&planner::Entry>) =
+            plan.entries.iter().partition(|e| {
+                self.slots[e.slot]
+                    .as_ref()
+                    .is_some_and(|s| s.job.embed.is_some())
+            });
+        let n_decode = plan.n_decode();
+        let split =
+            self.cfg.kv_layout == KvLayout::PerSequence && n_decode > 0 && n_decode < rest.len();
+        let mut passes: Vec<(Vec<&planner::Entry>, bool)> = if split {
+            let (decode, prefill) = rest.into_iter().partition(|e| e.work == Work::Decode);
+            vec![(decode, false), (prefill, false)]
+        } else if rest.is_empty() {
+            Vec::new()
         } else {
-            vec![plan.entries.iter().collect()]
+            vec![(rest, false)]
         };
+        if !embeds.is_empty() {
+            passes.push((embeds, true));
+        }
         let mut took = Duration::ZERO;
         let mut n_tokens = 0;
         self.kv_written = true;
         self.idle_since = None;
         let mut prefills: Vec<(usize, Chunk)> = Vec::new();
-        for pass in passes {
+        for (pass, embeddings) in passes {
+            ctx.set_embeddings(embeddings);
             let Some((placed, t)) = self.decode_pass(ctx, &pass) else {
+                ctx.set_embeddings(false);
                 return;
             };
             took += t;
@@ -452,7 +475,7 @@ impl Engine {
             }
             took += sampling.elapsed();
         }
-        let n_decode = plan.n_decode();
+        ctx.set_embeddings(false);
         self.metrics.record_step(n_tokens, n_decode, took);
         self.metrics
             .prefill_tokens
@@ -488,6 +511,7 @@ impl Engine {
         // consecutive ids: in order, as few passes as the ids allow.
         let mut entries = entries.to_vec();
         entries.sort_by_key(|e| e.slot);
+        let mut embed_quota = EMBED_PASS_TOKENS_MAX;
         for entry in entries {
             let seq_id = entry.slot as i32;
             let seq = self.slots[entry.slot]
@@ -499,6 +523,22 @@ impl Engine {
                     let token = seq.next_token.expect("a decoding sequence has a token");
                     self.batch.push(token, seq.n_past as i32, seq_id, true);
                     placed.push((entry.slot, first, 1));
+                }
+                Work::Prefill { n_tokens } if seq.job.embed.is_some() => {
+                    // One input at a time, each from position 0 of cells the
+                    // one before left empty; every token's state is output.
+                    let spec = seq.job.embed.as_ref().expect("an embedding job");
+                    let (_, input_start, input_end) = spec.input_at(seq.n_past);
+                    let n = n_tokens.min(input_end - seq.n_past).min(embed_quota);
+                    if n == 0 {
+                        continue;
+                    }
+                    embed_quota -= n;
+                    for pos in seq.n_past..seq.n_past + n {
+                        let at = (pos - input_start) as i32;
+                        self.batch.push(seq.job.prompt[pos], at, seq_id, true);
+                    }
+                    placed.push((entry.slot, first, n));
                 }
                 Work::Prefill { n_tokens } => {
                     let start = seq.n_past;
@@ -557,7 +597,7 @@ impl Engine {
             .flatten()
             .filter(|s| s.pause.is_paused())
             .count();
-        let used: usize = self.slots.iter().flatten().map(|s| s.n_past).sum();
+        let used: usize = self.slots.iter().flatten().map(|s| s.kv_tokens.len()).sum();
         self.metrics
             .set_engine_gauges(active, paused, self.kv_cells_reserved, used);
         self.metrics

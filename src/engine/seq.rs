@@ -11,6 +11,13 @@ impl Engine {
     /// Advances one sequence after a successful decode of its `n` tokens at batch
     /// indices `first..first + n`.
     pub(super) fn after_decode(&mut self, ctx: &mut Context, slot: usize, first: usize, n: usize) {
+        if self.slots[slot]
+            .as_ref()
+            .is_some_and(|s| s.job.embed.is_some())
+        {
+            self.after_embed(ctx, slot, first, n);
+            return;
+        }
         let model = Arc::clone(&self.model);
         let seq = self.slots[slot].as_mut().expect("decoded slot is active");
         let prompt_len = seq.job.prompt.len();
@@ -124,6 +131,42 @@ impl Engine {
         }
     }
 
+    /// Advances an embedding request after a decode of its `n` tokens at
+    /// batch indices `first..first + n` (all of one input): their states
+    /// pooled; at the input's end its vector is sent and its cells freed for
+    /// the next input; after the last one, the request ends.
+    fn after_embed(&mut self, ctx: &mut Context, slot: usize, first: usize, n: usize) {
+        let seq = self.slots[slot].as_mut().expect("decoded slot is active");
+        let spec = seq.job.embed.as_ref().expect("an embedding job");
+        let (index, start, end) = spec.input_at(seq.n_past);
+        let pooling = spec.pooling;
+        for k in 0..n {
+            let pos = seq.n_past + k - start;
+            if pooling.wants(pos, end - start) {
+                seq.pooler.add(ctx.embedding(&self.batch, first + k));
+            }
+        }
+        let from = seq.n_past;
+        seq.kv_tokens
+            .extend_from_slice(&seq.job.prompt[from..from + n]);
+        seq.n_past += n;
+        if seq.n_past < end {
+            return;
+        }
+        let vector = seq.pooler.finish();
+        seq.outbox.push_back(Event::Embedding { index, vector });
+        let prompt_len = seq.job.prompt.len();
+        if seq.n_past < prompt_len {
+            ctx.clear_sequence(slot as i32);
+            seq.kv_tokens.clear();
+            self.flush(ctx, slot);
+            return;
+        }
+        self.metrics
+            .record_prefill_done(prompt_len, seq.job.enqueued_at.elapsed());
+        self.finish(ctx, slot, FinishReason::Stop);
+    }
+
     /// Ends generation: flushes held text, queues `End`, frees KV cells now.
     pub(super) fn finish(&mut self, ctx: &mut Context, slot: usize, finish: FinishReason) {
         let seq_arrival = self.slots[slot]
@@ -156,7 +199,10 @@ impl Engine {
         debug_assert!(seq.outbox.len() <= OUTBOX_EVENTS_MAX + 1);
         seq.done = true;
         let class = seq.job.class;
-        self.release_kv(ctx, slot, true);
+        // An embedding request's cells hold its last input only: not worth
+        // a place in the prefix cache.
+        let keep = seq.job.embed.is_none();
+        self.release_kv(ctx, slot, keep);
         self.metrics.completed.fetch_add(1, Ordering::Relaxed);
         self.metrics
             .class(class)

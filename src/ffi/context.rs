@@ -108,6 +108,10 @@ pub struct Context {
     pool: NonNull<sys::ggml_threadpool>,
     n_batch: usize,
     n_vocab: usize,
+    /// Floats in one token's embedding.
+    n_embd: usize,
+    /// Whether `decode` outputs embeddings (`set_embeddings`).
+    embeddings: bool,
     /// What the abort callback reads (through a raw pointer), so it must live
     /// as long as the context.
     abort: Arc<AbortWatch>,
@@ -209,6 +213,11 @@ impl Context {
             };
             cp.type_k = p.kv_type.ggml_k();
             cp.type_v = p.kv_type.ggml_v();
+            // Embeddings are pooled by sluice, over chunks as the engine
+            // prefills them (`Context::embedding`): llama.cpp's own pooling
+            // would need a sequence whole in one pass.
+            cp.pooling_type = sys::LLAMA_POOLING_TYPE_NONE;
+            cp.embeddings = false;
             let ptr = match NonNull::new(sys::llama_init_from_model(model.ptr.as_ptr(), cp)) {
                 Some(ptr) => ptr,
                 None => {
@@ -231,6 +240,8 @@ impl Context {
                 pool,
                 n_batch,
                 n_vocab: model.n_vocab(),
+                n_embd: model.n_embd(),
+                embeddings: false,
                 abort,
                 _model: model,
             })
@@ -301,6 +312,32 @@ impl Context {
             let p = sys::llama_get_logits_ith(self.ptr.as_ptr(), i as i32);
             assert!(!p.is_null(), "llama.cpp has no logits for entry {i}");
             std::slice::from_raw_parts(p, self.n_vocab)
+        }
+    }
+
+    /// Whether the next `decode` outputs each token's embedding (the hidden
+    /// state after the last norm). While on, llama.cpp outputs every token of
+    /// a pass, logits included.
+    pub fn set_embeddings(&mut self, on: bool) {
+        if on != self.embeddings {
+            // SAFETY: a live context.
+            unsafe { sys::llama_set_embeddings(self.ptr.as_ptr(), on) };
+            self.embeddings = on;
+        }
+    }
+
+    /// The embedding of batch entry `i` of the last `decode`, which ran with
+    /// `set_embeddings(true)`: `n_embd` floats.
+    pub fn embedding(&mut self, batch: &Batch, i: usize) -> &[f32] {
+        assert!(self.embeddings, "embeddings were not requested");
+        assert!(i < batch.len(), "entry {i} is not in the batch");
+        // SAFETY: the last decode output every entry's embedding (embeddings
+        // on, pooling none), a row of n_embd floats that lives until the next
+        // decode, which needs `&mut self`.
+        unsafe {
+            let p = sys::llama_get_embeddings_ith(self.ptr.as_ptr(), i as i32);
+            assert!(!p.is_null(), "llama.cpp has no embedding for entry {i}");
+            std::slice::from_raw_parts(p, self.n_embd)
         }
     }
 

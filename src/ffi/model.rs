@@ -120,6 +120,41 @@ impl Model {
         unsafe { sys::llama_vocab_n_tokens(self.vocab.as_ptr()).max(0) as usize }
     }
 
+    /// Floats in one token's output embedding.
+    pub fn n_embd(&self) -> usize {
+        // SAFETY: a live model.
+        unsafe { sys::llama_model_n_embd_out(self.ptr.as_ptr()).max(0) as usize }
+    }
+
+    /// A GGUF metadata value as text (`general.architecture`,
+    /// `llama.context_length`, ...), if the file has the key.
+    pub fn meta(&self, key: &str) -> Option<String> {
+        let key = CString::new(key).ok()?;
+        let mut buf = vec![0u8; 256];
+        for _ in 0..2 {
+            // SAFETY: llama.cpp writes at most `buf.len()` bytes, NUL included,
+            // and returns the length the whole value needs (-1: no such key).
+            let n = unsafe {
+                sys::llama_model_meta_val_str(
+                    self.ptr.as_ptr(),
+                    key.as_ptr(),
+                    buf.as_mut_ptr() as *mut c_char,
+                    buf.len(),
+                )
+            };
+            if n < 0 {
+                return None;
+            }
+            let n = n as usize;
+            if n < buf.len() {
+                buf.truncate(n);
+                return Some(String::from_utf8_lossy(&buf).into_owned());
+            }
+            buf.resize(n + 1, 0);
+        }
+        None
+    }
+
     /// e.g. "llama 135M Q4_1".
     pub fn description(&self) -> String {
         let mut buf = vec![0u8; 256];

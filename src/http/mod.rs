@@ -10,6 +10,7 @@
 //! tiny_http also runs its own I/O threads, one per open connection (they read
 //! and parse requests and never compute); they are named `sluice-conn`.
 
+mod embeddings;
 pub mod error;
 mod fields;
 mod guard;
@@ -63,6 +64,13 @@ pub const LINGER_BYTES_MAX: usize = 64 << 20;
 pub struct AppState {
     pub cfg: Config,
     pub prompter: Prompter,
+    /// How `/v1/embeddings` pools token states; `None`: it refuses, for the
+    /// reason `pooling_source` gives.
+    pub pooling: Option<crate::embed::Pooling>,
+    /// Where the pooling came from (the GGUF, `--pooling`), or why there is none.
+    pub pooling_source: String,
+    /// Floats in one embedding.
+    pub n_embd: usize,
     /// Structured output over this model's vocabulary, or why there is none.
     pub grammars: Result<Arc<crate::grammar::Grammars>, String>,
     /// What the prefix cache holds: a request is charged (client bucket,
@@ -326,6 +334,7 @@ fn handle(state: &AppState, mut req: Request) {
         }
         (Method::Post, "/v1/chat/completions") => request::generate(state, req, Api::Chat),
         (Method::Post, "/v1/completions") => request::generate(state, req, Api::Completions),
+        (Method::Post, "/v1/embeddings" | "/embeddings") => embeddings::embed(state, req),
         (Method::Options, p) if ROUTES.contains(&p) => {
             let resp = Response::empty(204).with_header(header("Allow", guard::METHODS));
             let _ = req.respond(resp);
@@ -347,7 +356,7 @@ fn handle(state: &AppState, mut req: Request) {
 }
 
 /// Every path the server answers (besides `/v1/models/{id}`).
-const ROUTES: [&str; 11] = [
+const ROUTES: [&str; 13] = [
     "/health",
     "/livez",
     "/readyz",
@@ -355,6 +364,8 @@ const ROUTES: [&str; 11] = [
     "/metrics",
     "/v1/chat/completions",
     "/v1/completions",
+    "/v1/embeddings",
+    "/embeddings",
     "/tokenize",
     "/v1/tokenize",
     "/detokenize",

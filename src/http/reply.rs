@@ -78,7 +78,7 @@ impl Waiter {
     /// client gone, a stall, a stopped engine, an engine refusal) is an
     /// `ApiError`; giving up sets the cancel flags first, so the engine stops
     /// at its next step.
-    fn next_before(
+    pub(super) fn next_before(
         &self,
         tick: Option<Instant>,
         ended: &[bool],
@@ -272,8 +272,9 @@ pub(super) fn reply(
                     }
                     written
                 }
-                // `Waiter::next_before` turns errors into `Err`.
-                Event::Error { .. } => Ok(()),
+                // `Waiter::next_before` turns errors into `Err`; a completion
+                // has no embeddings.
+                Event::Error { .. } | Event::Embedding { .. } => Ok(()),
             },
         };
         if written.is_err() {

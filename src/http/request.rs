@@ -20,10 +20,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tiny_http::Request;
 
 /// Counts a completion request in flight for as long as it lives.
-struct InFlight<'a>(&'a AtomicUsize);
+pub(super) struct InFlight<'a>(&'a AtomicUsize);
 
 impl<'a> InFlight<'a> {
-    fn enter(n: &'a AtomicUsize) -> InFlight<'a> {
+    pub(super) fn enter(n: &'a AtomicUsize) -> InFlight<'a> {
         n.fetch_add(1, Ordering::SeqCst);
         InFlight(n)
     }
@@ -148,6 +148,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
             events: tx,
             cancel: cancel.clone(),
             cached_estimate,
+            embed: None,
         };
         if let Err(refused) = state.admission.submit(job) {
             // All of them or none: the choices already queued never run.
@@ -216,11 +217,11 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
 
 /// Work charged to a client's bucket; what is still `unused` when it drops
 /// goes back.
-struct Charged<'a> {
-    limiter: &'a RateLimiter,
-    id: ClientId,
-    limit: Limit,
-    unused: u64,
+pub(super) struct Charged<'a> {
+    pub(super) limiter: &'a RateLimiter,
+    pub(super) id: ClientId,
+    pub(super) limit: Limit,
+    pub(super) unused: u64,
 }
 
 impl Drop for Charged<'_> {
@@ -231,10 +232,10 @@ impl Drop for Charged<'_> {
 
 /// Who a request comes from, and the bucket it is charged to.
 pub(super) struct Client {
-    id: ClientId,
-    limit: Option<Limit>,
+    pub(super) id: ClientId,
+    pub(super) limit: Option<Limit>,
     /// What the log calls it: its key's name (never the key), or its address.
-    label: String,
+    pub(super) label: String,
 }
 
 /// With `--api-key-file`, the request's key must be known (401 otherwise) and
@@ -288,7 +289,7 @@ fn forwarded_for(req: &Request) -> Option<std::net::IpAddr> {
 
 /// The request's priority class: `X-Priority: interactive | batch`; without
 /// the header, interactive.
-fn priority_class(req: &Request) -> Result<Class, ApiError> {
+pub(super) fn priority_class(req: &Request) -> Result<Class, ApiError> {
     let Some(h) = req.headers().iter().find(|h| h.field.equiv("X-Priority")) else {
         return Ok(Class::Interactive);
     };
@@ -317,7 +318,7 @@ const TIMEOUT_HEADERS: [&str; 3] = [
 /// The caller's deadline (`TIMEOUT_HEADERS`: a number of seconds), capped by
 /// the server's `--request-timeout-ms`; without one, the server's ceiling. In
 /// milliseconds.
-fn caller_timeout_ms(req: &Request, ceiling_ms: u64) -> Result<u64, ApiError> {
+pub(super) fn caller_timeout_ms(req: &Request, ceiling_ms: u64) -> Result<u64, ApiError> {
     let Some((name, h)) = TIMEOUT_HEADERS.iter().find_map(|name| {
         req.headers()
             .iter()

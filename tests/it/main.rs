@@ -7,6 +7,7 @@ mod admission;
 mod api;
 mod batching;
 mod bench;
+mod embeddings;
 mod flow;
 mod front;
 mod harness;

@@ -55,11 +55,12 @@ const CHECKS: &[&str] = &[
     "a_call_and_its_result_in_the_history_are_answered_in_text",
     "tool_choice_auto_is_refused_naming_it",
     "n_choices_come_back_by_index",
+    "embeddings_come_back_through_the_sdk",
 ];
 
 #[test]
 fn the_official_openai_client_gets_what_it_asks_for() {
-    let srv = Server::start(&[]);
+    let srv = Server::start(&["--pooling", "mean"]);
     run_checks(&srv, CHECKS);
     // Every check of the script is in the list above.
     let script = std::fs::read_to_string(

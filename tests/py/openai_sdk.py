@@ -364,6 +364,22 @@ def check_n_choices_come_back_by_index():
     assert sorted(seen) == [0, 1], seen
 
 
+def check_embeddings_come_back_through_the_sdk():
+    texts = ["The cat sat on the mat.", "Stock markets fell sharply today.", "The cat sat on the mat."]
+    # The SDK asks for base64 unless told otherwise, and decodes it.
+    r = client.embeddings.create(model="default", input=texts)
+    assert [d.index for d in r.data] == [0, 1, 2], r.data
+    vs = [d.embedding for d in r.data]
+    assert len({len(v) for v in vs}) == 1 and len(vs[0]) > 0
+    for v in vs:
+        assert abs(sum(x * x for x in v) ** 0.5 - 1) < 1e-3
+    cos = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731 -- unit vectors
+    assert cos(vs[0], vs[2]) > 0.9999 and cos(vs[0], vs[1]) < 0.999
+    assert r.usage.prompt_tokens == sum(len(tokenize(t)) for t in texts), r.usage
+    f = client.embeddings.create(model="default", input=texts[0], encoding_format="float")
+    assert cos(f.data[0].embedding, vs[0]) > 0.9999
+
+
 # --- runner ------------------------------------------------------------------
 
 
