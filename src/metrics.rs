@@ -113,7 +113,8 @@ pub struct Metrics {
     pub prefill_tokens: AtomicU64,
     /// Prompt tokens never prefilled because their request was cancelled.
     pub prefill_tokens_abandoned: AtomicU64,
-    /// Prompt tokens taken from the prefix cache instead of prefilled.
+    /// Prompt tokens taken from the prefix cache, or from the first choice of
+    /// the same request (`n` > 1), instead of prefilled.
     pub prefix_tokens_reused: AtomicU64,
     /// Tokens of prefix cache entries evicted (for room, or for an id).
     pub prefix_tokens_evicted: AtomicU64,
@@ -433,7 +434,7 @@ impl Metrics {
         counter(
             &mut out,
             "sluice_prefix_cache_tokens_reused_total",
-            "Prompt tokens taken from the prefix cache instead of prefilled.",
+            "Prompt tokens taken from the prefix cache, or from the first choice of the same request, instead of prefilled.",
             l(&self.prefix_tokens_reused),
         );
         counter(

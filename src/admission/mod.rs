@@ -116,6 +116,10 @@ pub struct Job {
     /// An embedding request: its inputs (the prompt is theirs, one after
     /// another), each answered with a vector instead of generated text.
     pub embed: Option<EmbedSpec>,
+    /// A choice after the first of a request with `n` > 1: the id of the
+    /// first choice's job, whose prompt cells it takes instead of
+    /// prefilling the same prompt again.
+    pub prompt_of: Option<u64>,
 }
 
 impl Job {

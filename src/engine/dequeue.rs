@@ -167,7 +167,18 @@ impl Engine {
         if self.kv_cells_reserved + cells > self.cfg.n_ctx || batch_over {
             return Start::NoRoom(Box::new(job));
         }
-        let (source, mut reuse) = self.reuse_source(&job);
+        // A later choice whose first choice runs takes the prompt's cells
+        // from it (`share_prompts`), not from elsewhere.
+        let awaits_prompt_of = job.prompt_of.filter(|&first| {
+            self.slots
+                .iter()
+                .flatten()
+                .any(|s| s.job.id == first && !s.done)
+        });
+        let (source, mut reuse) = match awaits_prompt_of {
+            Some(_) => (None, 0),
+            None => self.reuse_source(&job),
+        };
         // Cells shared in place are in the runs their owner's are; a restored
         // entry's are in one.
         let shared_runs = match source {
@@ -309,6 +320,7 @@ impl Engine {
             completion_tokens: 0,
             prompt_logprobs: Vec::new(),
             pooler: Pooler::default(),
+            awaits_prompt_of,
             outbox: VecDeque::new(),
             pause: Pause::default(),
             done: false,

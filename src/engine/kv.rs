@@ -152,4 +152,77 @@ impl Engine {
             self.batch_kv_cells_reserved -= cells;
         }
     }
+
+    /// Gives each later choice of an `n` > 1 request the prompt's cells
+    /// once its first choice has prefilled them: all but the prompt's last
+    /// token, which the choice prefills itself for logits of its own.
+    /// Unified, the cells are shared by metadata; per sequence, the first
+    /// choice's state is copied into the choice's stream (saved once for all
+    /// of them) and cut to the prompt. A choice whose first choice is gone
+    /// prefills the prompt itself.
+    pub(super) fn share_prompts(&mut self, ctx: &mut Context) {
+        let mut saved: Option<(usize, Vec<u8>)> = None;
+        for slot in 0..self.slots.len() {
+            let Some(first_id) = self.slots[slot].as_ref().and_then(|s| s.awaits_prompt_of) else {
+                continue;
+            };
+            let first = self
+                .slots
+                .iter()
+                .position(|s| s.as_ref().is_some_and(|f| f.job.id == first_id && !f.done));
+            let seq = self.slots[slot].as_ref().expect("slot is active");
+            let shared = seq.job.prompt.len() - 1;
+            let Some(first) = first.filter(|_| shared > 0) else {
+                self.slots[slot]
+                    .as_mut()
+                    .expect("slot is active")
+                    .awaits_prompt_of = None;
+                continue;
+            };
+            let leader = self.slots[first].as_ref().expect("first choice is active");
+            debug_assert_eq!(leader.job.prompt, seq.job.prompt, "choices share a prompt");
+            if leader.n_past < shared {
+                continue; // still prefilling
+            }
+            let leader_runs = leader.runs;
+            let (src, dst) = (first as i32, slot as i32);
+            let copied = match self.cfg.kv_layout {
+                KvLayout::Unified => {
+                    ctx.share_cells(src, dst, 0, shared as i32);
+                    true
+                }
+                KvLayout::PerSequence => {
+                    if saved.as_ref().is_none_or(|(s, _)| *s != first) {
+                        saved = Some((first, ctx.save_sequence(src)));
+                    }
+                    let state = &saved.as_ref().expect("saved above").1;
+                    let ok = ctx.restore_sequence(dst, state);
+                    if ok {
+                        ctx.truncate_sequence(dst, shared as i32);
+                    }
+                    ok
+                }
+            };
+            let seq = self.slots[slot].as_mut().expect("slot is active");
+            seq.awaits_prompt_of = None;
+            if !copied {
+                crate::say!(
+                    "sluice: request {}: the first choice's cells could not be copied; prefilling its prompt",
+                    seq.job.id
+                );
+                continue;
+            }
+            debug_assert_eq!(ctx.sequence_pos_max(dst), shared as i32 - 1);
+            seq.n_past = shared;
+            seq.kv_tokens = seq.job.prompt[..shared].to_vec();
+            seq.reused = shared;
+            if self.cfg.kv_layout == KvLayout::Unified {
+                seq.runs = 1 + leader_runs;
+                seq.runs_exact = false;
+            }
+            self.metrics
+                .prefix_tokens_reused
+                .fetch_add(shared as u64, Ordering::Relaxed);
+        }
+    }
 }

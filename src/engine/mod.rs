@@ -131,6 +131,10 @@ struct Seq {
     prompt_logprobs: Vec<TokenLogprob>,
     /// An embedding request's current input's vector in the making.
     pooler: Pooler,
+    /// A later choice of an `n` > 1 request waiting (unplanned) for the first
+    /// choice's job, of this id, to prefill the prompt they share
+    /// (`share_prompts`).
+    awaits_prompt_of: Option<u64>,
     outbox: VecDeque<Event>,
     /// Since when the outbox has waited for room in the stream.
     pause: Pause,
@@ -154,7 +158,7 @@ impl Seq {
     }
 
     fn phase(&self) -> Option<Phase> {
-        if self.done {
+        if self.done || self.awaits_prompt_of.is_some() {
             return None;
         }
         if !self.outbox.is_empty() {
@@ -239,6 +243,7 @@ pub fn run(
         } else {
             engine.admit(&mut ctx, &jobs)
         };
+        engine.share_prompts(&mut ctx);
         let views = engine.views();
         let budget = engine.step_budget(&views);
         engine

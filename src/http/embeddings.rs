@@ -286,6 +286,7 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
         cancel: cancel.clone(),
         cached_estimate: 0,
         embed: Some(EmbedSpec { ends, pooling }),
+        prompt_of: None,
     };
     if let Err(refused) = state.admission.submit(job) {
         // Refused for overload: the charge goes back (when `bucket` drops).

@@ -127,6 +127,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     };
     // One job per choice, each with its own events and cancel flag; a
     // choice after the first samples with the next seed.
+    let echo_logprobs = gen.echo_logprobs;
     let mut rxs = Vec::with_capacity(n);
     let mut cancels: Vec<CancelFlag> = Vec::with_capacity(n);
     for i in 0..n {
@@ -149,6 +150,8 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
             cancel: cancel.clone(),
             cached_estimate,
             embed: None,
+            // The prompt's log-probabilities need a prefill of each.
+            prompt_of: (i > 0 && !echo_logprobs).then_some(id),
         };
         if let Err(refused) = state.admission.submit(job) {
             // All of them or none: the choices already queued never run.

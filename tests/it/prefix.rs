@@ -442,3 +442,43 @@ fn parked_reused_and_saved(layout: &str) {
         },
     );
 }
+
+#[test]
+fn n_choices_prefill_their_prompt_once_and_decode_as_a_fresh_prefill_would() {
+    choices_share_the_prompt("per-seq");
+}
+
+#[test]
+fn unified_n_choices_prefill_their_prompt_once_and_decode_as_a_fresh_prefill_would() {
+    choices_share_the_prompt("unified");
+}
+
+/// With the prefix cache off, the only cells a choice can take are its
+/// first choice's: the later choices prefill just the prompt's last token,
+/// and their greedy answers score as the one-choice answer does.
+fn choices_share_the_prompt(layout: &str) {
+    let srv = Server::start(&["--kv-layout", layout, "--prefix-cache-mb", "0"]);
+    let prompt = long_prompt(10);
+    let body = |n: usize| json!({"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": true, "logprobs": 1, "n": n});
+    let one = complete(&srv, body(1));
+    let n_prompt = prompt_tokens(&one);
+    assert!(n_prompt > 150, "prompt has {n_prompt} tokens");
+    let prefilled = srv.metric("sluice_prefill_tokens_total");
+    let reused = srv.metric("sluice_prefix_cache_tokens_reused_total");
+    let three = complete(&srv, body(3));
+    assert_eq!(
+        srv.metric("sluice_prefill_tokens_total") - prefilled,
+        (n_prompt + 2) as f64,
+        "the prompt once, and its last token for each later choice"
+    );
+    assert_eq!(
+        srv.metric("sluice_prefix_cache_tokens_reused_total") - reused,
+        (2 * (n_prompt - 1)) as f64
+    );
+    let choices = three["choices"].as_array().expect("choices");
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        let alone = json!({ "choices": [c] });
+        compare(&scored(&one), &scored(&alone), 0).check(&format!("choice {i}"));
+    }
+}
