@@ -150,7 +150,7 @@ fn tokens(
     for (i, input) in inputs.iter().enumerate() {
         let t = state
             .prompter
-            .tokens(input, &[])
+            .tokens(input, &super::tools::Tools::none())
             .map_err(|m| ApiError::invalid("input", format!("input {i}: {m}")))?;
         if t.is_empty() {
             return Err(ApiError::invalid(

@@ -5,7 +5,7 @@
 //! GGUF's `tokenizer.chat_template`, or `--chat-template-file`), through
 //! `template`; ChatML only when the GGUF has none, said at start-up.
 
-use super::tools::{call_text, Tool};
+use super::tools::{call_text, Tools};
 use super::validation::{Input, Message, Role};
 use crate::ffi::{Model, Token};
 use crate::template::{ChatTemplate, Source, CHATML};
@@ -68,7 +68,9 @@ impl Prompter {
     /// does not, sluice describes them in the system message, and writes an
     /// assistant's calls as the call text structured output enforces
     /// (`tools::call_text`), so the model sees its own calls either way.
-    pub fn render_chat(&self, messages: &[Message], tools: &[Tool]) -> Result<String, String> {
+    pub fn render_chat(&self, messages: &[Message], tools: &Tools) -> Result<String, String> {
+        let auto = tools.is_auto();
+        let tools = &tools.tools[..];
         use serde_json::{json, Value};
         let mut msgs: Vec<Value> = messages
             .iter()
@@ -107,9 +109,13 @@ impl Prompter {
         let specs: Vec<Value> = tools.iter().map(|t| t.spec.clone()).collect();
         if !tools.is_empty() && !self.renders_tools {
             let about = format!(
-                "You can call these functions:\n{}\nTo call one, answer with only {}.",
+                "You can call these functions:\n{}\nTo call one, answer with only {}.{}",
                 Value::Array(specs.clone()),
-                call_text("<function name>", "<its arguments as a JSON object>")
+                call_text("<function name>", "<its arguments as a JSON object>"),
+                match auto {
+                    true => " To answer in text instead, answer with only {\"response\": \"<your answer>\"}.",
+                    false => "",
+                }
             );
             match messages.first() {
                 Some(m) if m.role == Role::System => {
@@ -124,7 +130,7 @@ impl Prompter {
     }
 
     /// Tokenizes the input. Token ids are checked against the vocabulary.
-    pub fn tokens(&self, input: &Input, tools: &[Tool]) -> Result<Vec<Token>, String> {
+    pub fn tokens(&self, input: &Input, tools: &Tools) -> Result<Vec<Token>, String> {
         match input {
             Input::Chat(messages) => {
                 // Special tokens in the template ("<|im_start|>") must become tokens.

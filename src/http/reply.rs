@@ -6,7 +6,7 @@
 
 use super::error::ApiError;
 use super::openai::Meta;
-use super::tools::{self, CallStream};
+use super::tools::{self, Answer, AnswerDelta, AnswerStream};
 use super::validation::{Api, ValidRequest};
 use super::{outcome_of_error, respond_error, respond_json, sse, Outcome};
 use crate::ffi;
@@ -207,7 +207,10 @@ pub(super) fn reply(
                 .map(|_| SseChoice {
                     pending_echo: echo_text.clone(),
                     offset: 0,
-                    call: v.tools.calls().then(CallStream::default),
+                    answer: v
+                        .tools
+                        .calls()
+                        .then(|| AnswerStream::new(v.tools.is_auto())),
                 })
                 .collect(),
             keep_alive: w.keep_alive,
@@ -318,8 +321,9 @@ struct SseChoice {
     pending_echo: Option<String>,
     /// Characters sent so far (legacy logprobs' text offsets).
     offset: usize,
-    /// The answer is a call: its text becomes `tool_calls` deltas.
-    call: Option<CallStream>,
+    /// The answer is a call (or, `auto`, a call or a text response): its
+    /// text becomes `tool_calls` deltas or text.
+    answer: Option<AnswerStream>,
 }
 
 impl SseSink<'_> {
@@ -350,12 +354,17 @@ impl SseSink<'_> {
         })
     }
 
-    fn send_call(&mut self, i: usize, deltas: Vec<tools::CallDelta>) -> Result<(), WriteFailed> {
+    fn send_answer(&mut self, i: usize, deltas: Vec<AnswerDelta>) -> Result<(), WriteFailed> {
         let w = self.w;
         self.out()?;
         for d in &deltas {
-            let value = self.meta.tool_chunk(i, &call_id(self.meta.id, i), d);
-            Self::send(w, self.out()?, value)?;
+            match d {
+                AnswerDelta::Call(d) => {
+                    let value = self.meta.tool_chunk(i, &call_id(self.meta.id, i), d);
+                    Self::send(w, self.out()?, value)?;
+                }
+                AnswerDelta::Text(t) => self.chunk(i, t, &[])?,
+            }
         }
         Ok(())
     }
@@ -415,9 +424,9 @@ impl Sink for SseSink<'_> {
             c.offset += echo.chars().count();
             text.insert_str(0, &echo);
         }
-        if let Some(call) = &mut c.call {
-            let deltas = call.push(&text);
-            return self.send_call(i, deltas);
+        if let Some(answer) = &mut c.answer {
+            let deltas = answer.push(&text);
+            return self.send_answer(i, deltas);
         }
         let entries: Vec<&TokenLogprob> = logprob.iter().collect();
         if text.is_empty() && entries.is_empty() {
@@ -433,11 +442,14 @@ impl Sink for SseSink<'_> {
             let value = self.meta.text_chunk(i, &echo, &[], 0);
             Self::send(w, self.out()?, value)?;
         }
-        let finish = match self.choices[i].call.take() {
-            Some(mut call) => {
-                let deltas = call.finish(finish == FinishReason::Stop);
-                self.send_call(i, deltas)?;
-                self.meta.tool_finish_chunk(i, finish)
+        let finish = match self.choices[i].answer.take() {
+            Some(mut answer) => {
+                let deltas = answer.finish(finish == FinishReason::Stop);
+                self.send_answer(i, deltas)?;
+                match answer.is_call() {
+                    true => self.meta.tool_finish_chunk(i, finish),
+                    false => self.meta.finish_chunk(i, finish),
+                }
             }
             None => self.meta.finish_chunk(i, finish),
         };
@@ -487,7 +499,8 @@ struct JsonSink<'a> {
     text: Vec<String>,
     logprobs: Vec<Vec<TokenLogprob>>,
     finish: Vec<FinishReason>,
-    /// The answer is a call: its text becomes `tool_calls`.
+    /// The answer is a call (or, `auto`, a call or a text response): its
+    /// text becomes `tool_calls` or text.
     call: bool,
 }
 
@@ -529,8 +542,8 @@ impl Sink for JsonSink<'_> {
     fn end(self: Box<Self>, usage: Usage) -> Result<(), WriteFailed> {
         let choices: Vec<Value> = (0..self.text.len())
             .map(|i| {
-                if self.call {
-                    let (name, args) = tools::parse_call(&self.text[i]).unwrap_or_default();
+                let answer = self.call.then(|| tools::parse_answer(&self.text[i]));
+                if let Some(Answer::Call(name, args)) = answer {
                     self.meta.tool_choice(
                         i,
                         &call_id(self.meta.id, i),
@@ -538,6 +551,8 @@ impl Sink for JsonSink<'_> {
                         &args,
                         self.finish[i],
                     )
+                } else if let Some(Answer::Text(text)) = answer {
+                    self.meta.text_choice(i, &text, None, self.finish[i])
                 } else {
                     let entries: Vec<&TokenLogprob> = self.logprobs[i].iter().collect();
                     let lp = self.with_logprobs.then_some(entries.as_slice());

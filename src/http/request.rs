@@ -350,7 +350,7 @@ fn prepare(
     let valid = validation::parse(api, &body)?;
     let prompt = state
         .prompter
-        .tokens(&valid.input, &valid.tools.tools)
+        .tokens(&valid.input, &valid.tools)
         .map_err(|m| ApiError::invalid(valid.input.param(), m))?;
     if prompt.is_empty() {
         return Err(ApiError::invalid(
@@ -476,7 +476,7 @@ fn gen_params(
         _ if v.tools.calls() => {
             return Err(ApiError::invalid(
                 "response_format",
-                "an answer that must be a tool call cannot also follow response_format; send one of them",
+                "an answer held to the tools' call format (tool_choice other than \"none\") cannot also follow response_format; send one of them",
             ))
         }
         format => {

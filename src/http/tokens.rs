@@ -33,17 +33,17 @@ pub(super) fn tokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiError>
     for key in obj.keys() {
         if !matches!(
             key.as_str(),
-            "messages" | "tools" | "prompt" | "content" | "model"
+            "messages" | "tools" | "tool_choice" | "prompt" | "content" | "model"
         ) {
             return Err(ApiError::invalid(
                 key.as_str(),
                 format!(
-                    "'{key}' is not a field of /tokenize (messages and tools, prompt or content)"
+                    "'{key}' is not a field of /tokenize (messages, tools and tool_choice, prompt or content)"
                 ),
             ));
         }
     }
-    let tools = super::tools::parse_list(&obj)?;
+    let tools = super::tools::parse(&obj)?;
     let input = if obj.contains_key("messages") {
         Input::Chat(validation::parse_messages(&obj)?)
     } else {
@@ -91,7 +91,7 @@ pub(super) fn detokenize(state: &AppState, body: &[u8]) -> Result<Value, ApiErro
     // The vocabulary check is the prompt's.
     let ids = state
         .prompter
-        .tokens(&Input::Tokens(ids), &[])
+        .tokens(&Input::Tokens(ids), &super::tools::Tools::none())
         .map_err(|m| ApiError::invalid("tokens", m))?;
     let text = state.prompter.detokenize(&ids);
     Ok(json!({"prompt": text, "content": text}))

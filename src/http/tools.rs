@@ -1,15 +1,17 @@
-//! Tool calling: `tools` and `tool_choice` validated, the call the model must
-//! write (a JSON schema, enforced by structured output), and that call's text
-//! turned back into OpenAI's `tool_calls`, whole or streamed.
+//! Tool calling: `tools` and `tool_choice` validated, the answer the model
+//! must write (a JSON schema, enforced by structured output), and that
+//! answer's text turned back into OpenAI's `tool_calls` or text, whole or
+//! streamed.
 //!
 //! With `tool_choice: "required"` or a named function the answer is a call,
 //! so it is constrained to one: the text `{"name": "<function>", "arguments":
 //! {...}}`, with `arguments` valid against the function's `parameters`.
+//! With `"auto"` (OpenAI's default with tools) the answer is a call or
+//! `{"response": "<text>"}`, whichever the model starts to write: one
+//! format every model can be held to (llama.cpp's generic tool format is the
+//! same idea), instead of each model family's own free-form call syntax.
 //! `"none"` answers in text (the tools stay in the prompt, as OpenAI keeps
-//! them). `"auto"` (OpenAI's default with tools) would need the model's own
-//! free-form call syntax parsed, which differs per model family; it is
-//! refused with a 400 naming `tool_choice`, never answered as if no tools were
-//! given.
+//! them).
 
 use super::error::ApiError;
 use super::fields::is_name;
@@ -36,6 +38,8 @@ pub enum Choice {
     Required,
     /// The answer is a call of this tool.
     Named(String),
+    /// The answer is a call of one of the tools, or text.
+    Auto,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -52,13 +56,19 @@ impl Tools {
         }
     }
 
-    /// Whether the answer is a call.
+    /// Whether the answer is constrained to a call (or, `auto`, to a call or
+    /// a text response).
     pub fn calls(&self) -> bool {
         self.choice != Choice::None
     }
 
-    /// The schema of the call text: `{"name": <const>, "arguments": <the
-    /// function's parameters>}` for each tool the choice allows.
+    pub fn is_auto(&self) -> bool {
+        self.choice == Choice::Auto
+    }
+
+    /// The schema of the answer: `{"name": <const>, "arguments": <the
+    /// function's parameters>}` for each tool the choice allows, and with
+    /// `auto` also `{"response": <string>}`.
     pub fn call_schema(&self) -> Value {
         let allowed: Vec<Value> = self
             .tools
@@ -79,6 +89,15 @@ impl Tools {
                 })
             })
             .collect();
+        let mut allowed = allowed;
+        if self.is_auto() {
+            allowed.push(json!({
+                "type": "object",
+                "properties": {"response": {"type": "string"}},
+                "required": ["response"],
+                "additionalProperties": false,
+            }));
+        }
         match allowed.len() {
             1 => allowed.into_iter().next().expect("one"),
             _ => json!({"anyOf": allowed}),
@@ -169,8 +188,8 @@ fn parse_choice(obj: &Map<String, Value>, tools: &[Tool]) -> Result<Choice, ApiE
     let choice = match obj.get("tool_choice") {
         None | Some(Value::Null) if tools.is_empty() => Choice::None,
         Some(Value::String(s)) if s == "none" => Choice::None,
-        None | Some(Value::Null) => return Err(auto_refused("with 'tools', tool_choice defaults to \"auto\"")),
-        Some(Value::String(s)) if s == "auto" => return Err(auto_refused("tool_choice \"auto\"")),
+        None | Some(Value::Null) => Choice::Auto,
+        Some(Value::String(s)) if s == "auto" => Choice::Auto,
         Some(Value::String(s)) if s == "required" => Choice::Required,
         Some(Value::Object(c))
             if c.get("type").and_then(Value::as_str) == Some("function") =>
@@ -194,7 +213,7 @@ fn parse_choice(obj: &Map<String, Value>, tools: &[Tool]) -> Result<Choice, ApiE
         Some(_) => {
             return Err(ApiError::invalid(
                 "tool_choice",
-                "tool_choice must be \"none\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}",
             ))
         }
     };
@@ -205,17 +224,6 @@ fn parse_choice(obj: &Map<String, Value>, tools: &[Tool]) -> Result<Choice, ApiE
         ));
     }
     Ok(choice)
-}
-
-fn auto_refused(what: &str) -> ApiError {
-    ApiError::invalid(
-        "tool_choice",
-        format!(
-            "{what}, which sluice does not implement (it would have to parse this model's own free-form call syntax); \
-             send tool_choice \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}} for a call \
-             enforced by the function's schema, or \"none\""
-        ),
-    )
 }
 
 /// The text a call is written as (what structured output enforces), e.g.
@@ -316,6 +324,193 @@ impl CallStream {
     }
 }
 
+/// How an `auto` answer that is text starts (what structured output writes).
+const RESPONSE_PREFIX: &str = "{\"response\": \"";
+/// How a call starts.
+const CALL_PREFIX: &str = "{\"name\": \"";
+
+/// A whole answer read back: text, or a call (name, arguments).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Text(String),
+    Call(String, String),
+}
+
+/// An answer read back from its text: `{"response": "..."}` is text (its
+/// string decoded; cut short, what was written), anything else a call.
+pub fn parse_answer(text: &str) -> Answer {
+    if let Some(rest) = text.strip_prefix(RESPONSE_PREFIX) {
+        let mut d = JsonString::default();
+        return Answer::Text(d.push(rest));
+    }
+    let (name, args) = parse_call(text).unwrap_or_default();
+    Answer::Call(name, args)
+}
+
+/// The characters of a JSON string's body, decoded as its text comes in
+/// pieces: an escape is held until it is whole (a surrogate pair until both
+/// halves are), and nothing after the closing quote is text.
+#[derive(Debug, Default)]
+pub struct JsonString {
+    raw: String,
+    /// Bytes of `raw` decoded so far.
+    done: usize,
+    closed: bool,
+}
+
+impl JsonString {
+    pub fn push(&mut self, piece: &str) -> String {
+        self.raw.push_str(piece);
+        let mut out = String::new();
+        while !self.closed {
+            let rest = &self.raw[self.done..];
+            let Some(c) = rest.chars().next() else { break };
+            match c {
+                '"' => {
+                    self.closed = true;
+                    self.done += 1;
+                }
+                '\\' => match decode_escape(rest) {
+                    Some((ch, used)) => {
+                        out.extend(ch);
+                        self.done += used;
+                    }
+                    None => break, // not whole yet
+                },
+                c => {
+                    out.push(c);
+                    self.done += c.len_utf8();
+                }
+            }
+        }
+        out
+    }
+}
+
+/// The escape at the start of `s` (which starts with a backslash): its
+/// character (none for a lone surrogate) and its length; `None` until it is
+/// whole.
+fn decode_escape(s: &str) -> Option<(Option<char>, usize)> {
+    let b = s.as_bytes();
+    let simple = match *b.get(1)? {
+        b'"' => '"',
+        b'\\' => '\\',
+        b'/' => '/',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'n' => '\n',
+        b'r' => '\r',
+        b't' => '\t',
+        b'u' => {
+            let hex = |at: usize| -> Option<u32> {
+                let h = s.get(at..at + 4)?;
+                u32::from_str_radix(h, 16).ok()
+            };
+            let hi = hex(2)?;
+            if (0xD800..0xDC00).contains(&hi) {
+                // A pair: \uD8xx\uDCxx.
+                if s.len() < 12 {
+                    return None;
+                }
+                let lo = if &s[6..8] == "\\u" { hex(8) } else { None };
+                return Some(match lo {
+                    Some(lo) if (0xDC00..0xE000).contains(&lo) => (
+                        char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)),
+                        12,
+                    ),
+                    _ => (None, 6),
+                });
+            }
+            return Some((char::from_u32(hi), 6));
+        }
+        _ => return Some((None, 2)),
+    };
+    Some((Some(simple), 2))
+}
+
+/// What a streamed answer says next.
+#[derive(Debug, PartialEq)]
+pub enum AnswerDelta {
+    Text(String),
+    Call(CallDelta),
+}
+
+/// A streamed answer: a call (`required`, a named function), or with `auto`
+/// whichever the model starts to write, text or a call.
+#[derive(Debug)]
+pub enum AnswerStream {
+    /// `auto`, before the answer's first characters say which: what came.
+    Undecided(String),
+    Text(JsonString),
+    Call(CallStream),
+}
+
+impl AnswerStream {
+    pub fn new(auto: bool) -> AnswerStream {
+        match auto {
+            true => AnswerStream::Undecided(String::new()),
+            false => AnswerStream::Call(CallStream::default()),
+        }
+    }
+
+    pub fn is_call(&self) -> bool {
+        !matches!(self, AnswerStream::Text(_))
+    }
+
+    pub fn push(&mut self, piece: &str) -> Vec<AnswerDelta> {
+        if let AnswerStream::Undecided(seen) = self {
+            seen.push_str(piece);
+            let seen = std::mem::take(seen);
+            if let Some(rest) = seen.strip_prefix(RESPONSE_PREFIX) {
+                let mut text = JsonString::default();
+                let out = text.push(rest);
+                *self = AnswerStream::Text(text);
+                return texts(out);
+            }
+            if seen.starts_with(CALL_PREFIX) || !RESPONSE_PREFIX.starts_with(seen.as_str()) {
+                let mut call = CallStream::default();
+                let out = call.push(&seen);
+                *self = AnswerStream::Call(call);
+                return out.into_iter().map(AnswerDelta::Call).collect();
+            }
+            *self = AnswerStream::Undecided(seen);
+            return Vec::new();
+        }
+        match self {
+            AnswerStream::Text(t) => texts(t.push(piece)),
+            AnswerStream::Call(c) => c.push(piece).into_iter().map(AnswerDelta::Call).collect(),
+            AnswerStream::Undecided(_) => unreachable!("decided above"),
+        }
+    }
+
+    /// At the end (`complete`: the answer was not cut short).
+    pub fn finish(&mut self, complete: bool) -> Vec<AnswerDelta> {
+        if let AnswerStream::Undecided(seen) = self {
+            // Too short to tell: a call's beginning, cut.
+            let seen = std::mem::take(seen);
+            let mut call = CallStream::default();
+            call.push(&seen);
+            *self = AnswerStream::Call(call);
+        }
+        match self {
+            AnswerStream::Text(_) => Vec::new(),
+            AnswerStream::Call(c) => c
+                .finish(complete)
+                .into_iter()
+                .map(AnswerDelta::Call)
+                .collect(),
+            AnswerStream::Undecided(_) => unreachable!("decided above"),
+        }
+    }
+}
+
+fn texts(s: String) -> Vec<AnswerDelta> {
+    match s.is_empty() {
+        true => Vec::new(),
+        false => vec![AnswerDelta::Text(s)],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,7 +529,7 @@ mod tests {
     }
 
     #[test]
-    fn choices_are_parsed_and_auto_is_refused_by_name() {
+    fn choices_are_parsed() {
         let t = parse_json(json!({"tools": [weather()], "tool_choice": "required"})).unwrap();
         assert_eq!(t.choice, Choice::Required);
         assert!(t.calls());
@@ -345,9 +540,17 @@ mod tests {
         let t = parse_json(json!({"tools": [weather()], "tool_choice": "none"})).unwrap();
         assert!(!t.calls());
         assert_eq!(parse_json(json!({})).unwrap(), Tools::none());
+        assert_eq!(
+            parse_json(json!({"tools": [weather()]})).unwrap().choice,
+            Choice::Auto
+        );
+        let auto = parse_json(json!({"tools": [weather()], "tool_choice": "auto"})).unwrap();
+        assert!(auto.is_auto() && auto.calls());
+        assert_eq!(
+            auto.call_schema()["anyOf"][1]["required"],
+            json!(["response"])
+        );
         for bad in [
-            json!({"tools": [weather()]}),
-            json!({"tools": [weather()], "tool_choice": "auto"}),
             json!({"tools": [weather()], "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
             json!({"tool_choice": "required"}),
         ] {
@@ -415,5 +618,55 @@ mod tests {
                 .collect();
             assert_eq!(args, r#"{"city": "Zürich"}"#, "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn an_auto_answer_is_text_or_a_call_whole_or_streamed() {
+        let text = r#"{"response": "Caf\u00e9 \"ok\"\n\ud83d\ude00 done"}"#;
+        assert_eq!(
+            parse_answer(text),
+            Answer::Text("Café \"ok\"\n😀 done".into())
+        );
+        assert_eq!(
+            parse_answer(r#"{"response": "cut sho"#),
+            Answer::Text("cut sho".into())
+        );
+        let call = call_text("f", r#"{"a": 1}"#);
+        assert_eq!(
+            parse_answer(&call),
+            Answer::Call("f".into(), r#"{"a": 1}"#.into())
+        );
+        // Streamed in every two pieces: the same text, or the same call.
+        for cut in 1..text.len() {
+            let mut s = AnswerStream::new(true);
+            let mut out = s.push(&text[..cut]);
+            out.extend(s.push(&text[cut..]));
+            out.extend(s.finish(true));
+            assert!(!s.is_call());
+            let got: String = out
+                .iter()
+                .map(|d| match d {
+                    AnswerDelta::Text(t) => t.as_str(),
+                    AnswerDelta::Call(_) => panic!("a call"),
+                })
+                .collect();
+            assert_eq!(got, "Café \"ok\"\n😀 done", "cut at {cut}");
+        }
+        for cut in 1..call.len() {
+            let mut s = AnswerStream::new(true);
+            let mut out = s.push(&call[..cut]);
+            out.extend(s.push(&call[cut..]));
+            out.extend(s.finish(true));
+            assert!(s.is_call());
+            assert_eq!(
+                out[0],
+                AnswerDelta::Call(CallDelta::Name("f".into())),
+                "cut at {cut}"
+            );
+        }
+        // Not auto: a call from the first character.
+        let mut s = AnswerStream::new(false);
+        assert!(s.is_call());
+        assert!(s.push("{").is_empty());
     }
 }

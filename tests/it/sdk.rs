@@ -53,7 +53,7 @@ const CHECKS: &[&str] = &[
     "a_required_tool_call_returns_tool_calls_whose_arguments_validate",
     "a_streamed_tool_call_arrives_as_tool_calls_deltas",
     "a_call_and_its_result_in_the_history_are_answered_in_text",
-    "tool_choice_auto_is_refused_naming_it",
+    "tool_choice_auto_answers_in_text_or_with_a_call",
     "n_choices_come_back_by_index",
     "embeddings_come_back_through_the_sdk",
 ];

@@ -341,14 +341,59 @@ def check_a_call_and_its_result_in_the_history_are_answered_in_text():
     assert answer.usage.prompt_tokens > r.usage.prompt_tokens
 
 
-def check_tool_choice_auto_is_refused_naming_it():
-    for kw in [{}, {"tool_choice": "auto"}]:
-        try:
-            chat(ASK, tools=[WEATHER], **kw)
-        except openai.BadRequestError as e:
-            assert e.body.get("param") == "tool_choice", e.body
+def streamed_answer(messages, **kw):
+    """A streamed chat's text, its call (name, arguments) and finish reason."""
+    text, name, args, finish = "", None, "", None
+    for chunk in chat(messages, stream=True, **kw):
+        if not chunk.choices:
+            continue
+        d = chunk.choices[0].delta
+        text += d.content or ""
+        for tc in d.tool_calls or []:
+            if tc.function and tc.function.name:
+                assert name is None, "the name is sent once"
+                name = tc.function.name
+            args += (tc.function and tc.function.arguments) or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return text, name, args, finish
+
+
+def check_tool_choice_auto_answers_in_text_or_with_a_call():
+    asks = ["What is the weather in Paris?", "Hello! Who are you?", "Write a haiku about the sea.",
+            "What time is it in Tokyo?"]
+    forms = set()
+    runs = [(q, {"temperature": 0}) for q in asks] + [(asks[0], {"temperature": 1, "seed": s}) for s in range(4)]
+    for q, kw in runs:
+        ask = [{"role": "user", "content": q}]
+        # No tool_choice: OpenAI's default with tools, "auto".
+        r = chat(ask, tools=[WEATHER, TIME], max_tokens=60, **kw)
+        c = r.choices[0]
+        if c.message.tool_calls:
+            forms.add("call")
+            assert c.message.content is None, c.message
+            (call,) = c.message.tool_calls
+            tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
+            if c.finish_reason == "tool_calls":
+                jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+            else:
+                assert c.finish_reason == "length", c
         else:
-            raise AssertionError(f"tools with {kw or 'no tool_choice'} were answered 200")
+            forms.add("text")
+            assert c.message.content, c.message
+            assert c.finish_reason in ("stop", "length"), c
+            assert not c.message.content.startswith('{"response"'), c.message.content
+        if kw["temperature"] == 0:
+            # Streamed, the same answer in the same form.
+            text, name, args, finish = streamed_answer(ask, tools=[WEATHER, TIME], tool_choice="auto",
+                                                       max_tokens=60, **kw)
+            assert finish == c.finish_reason, (finish, c.finish_reason)
+            if c.message.tool_calls:
+                assert (name, args) == (call.function.name, call.function.arguments), (name, args)
+                assert text == ""
+            else:
+                assert (text, name) == (c.message.content, None), (text, name)
+    # This model, on these asks, answers both ways.
+    assert forms == {"call", "text"}, forms
 
 
 def check_n_choices_come_back_by_index():
