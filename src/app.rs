@@ -68,6 +68,7 @@ const CALIBRATION_PROMPT_TOKENS: usize = 128;
 const CALIBRATION_STEPS: usize = 16;
 
 fn serve(cfg: Config) -> Result<(), String> {
+    crate::log::set_json(cfg.log_format == crate::config::LogFormat::Json);
     ffi::set_current_thread_name("sluice-main");
     // Before any other thread starts, so that all of them inherit the disposition.
     let signals = ffi::catch_stop_signals();
@@ -75,6 +76,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     ffi::backend_init(cfg.verbose);
     let nofile = ffi::raise_nofile_limit();
     ffi::return_large_blocks_to_the_kernel(LARGE_BLOCK_BYTES);
+    notifier.notify(&format!("STATUS=loading {}", cfg.model.display()));
     let model = Arc::new(engine::load_model(&cfg.model, cfg.mmap)?);
     let n_ctx_train = model.n_ctx_train() as usize;
     let n_ctx = cfg.ctx_tokens.unwrap_or_else(|| match n_ctx_train {
@@ -182,6 +184,11 @@ fn serve(cfg: Config) -> Result<(), String> {
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?
     };
+    notifier.notify(if calibrate {
+        "STATUS=calibrating: timing attention and KV types, prefill and decode rates"
+    } else {
+        "STATUS=timing attention and KV types (rates from --rates)"
+    });
     let (n_ctx, calibration, engine_stop) = ready_rx
         .recv()
         .map_err(|_| "the engine thread died while starting".to_string())??;

@@ -1,13 +1,14 @@
 //! sluice's code as a library: the binary (`main.rs`) only runs `app::run`;
-//! the fuzz target (`fuzz/`) reaches request validation through `http`.
+//! the fuzz target (`fuzz/`) reaches request validation through `http`;
+//! `log` is public for `say!`, which the binary uses too.
 
-/// Writes one line to stderr, and never panics: `eprintln!` panics when
-/// stderr is gone (a closed pipe), which would take a handler with it.
+/// Writes one line to stderr (text, or a JSON object with `--log-format
+/// json`; see `log`), and never panics: `eprintln!` panics when stderr is
+/// gone (a closed pipe), which would take a handler with it.
 #[macro_export]
 macro_rules! say {
     ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
+        $crate::log::line(format_args!($($arg)*));
     }};
 }
 
@@ -21,6 +22,7 @@ mod engine;
 mod ffi;
 mod grammar;
 pub mod http;
+pub mod log;
 mod metrics;
 mod notify;
 mod priority;

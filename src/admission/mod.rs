@@ -100,6 +100,8 @@ pub struct GenParams {
 /// A validated, tokenized request: what the queue holds and the engine runs.
 pub struct Job {
     pub id: u64,
+    /// The request's `X-Request-Id`, for the engine's log lines about it.
+    pub request_id: std::sync::Arc<str>,
     pub class: Class,
     pub prompt: Vec<Token>,
     pub gen: GenParams,

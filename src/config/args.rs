@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// (default: gguf)
     #[argh(option, default = "PoolingSetting::Gguf", from_str_fn(parse_pooling))]
     pub pooling: PoolingSetting,
+    /// log lines: text (one line of text each) or json (one JSON object
+    /// each: time, msg, and a request's fields) (default: text)
+    #[argh(option, default = "LogFormat::Text", from_str_fn(parse_log_format))]
+    pub log_format: LogFormat,
     /// address to listen on (default: 127.0.0.1)
     #[argh(option, default = "String::from(\"127.0.0.1\")")]
     pub host: String,
@@ -380,6 +384,21 @@ fn parse_kv_layout(v: &str) -> Result<KvLayout, String> {
         _ => Err(format!(
             "--kv-layout is '{v}'; it must be per-seq or unified"
         )),
+    }
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+fn parse_log_format(v: &str) -> Result<LogFormat, String> {
+    match v {
+        "text" => Ok(LogFormat::Text),
+        "json" => Ok(LogFormat::Json),
+        _ => Err(format!("--log-format is '{v}'; it must be text or json")),
     }
 }
 

@@ -275,8 +275,8 @@ impl Engine {
                     ctx.truncate_sequence(seq_id, reuse as i32);
                 } else {
                     crate::say!(
-                        "sluice: request {}: the prefix cache entry could not be restored; prefilling its prompt",
-                        job.id
+                        "sluice: request id={}: the prefix cache entry could not be restored; prefilling its prompt",
+                        job.request_id
                     );
                     reuse = 0;
                 }
@@ -293,7 +293,7 @@ impl Engine {
             .fetch_add(reuse as u64, Ordering::Relaxed);
         self.admitted += 1;
         let slot_hold = self.queue.started(class, job.queued_tokens());
-        self.metrics.record_queue_wait(sojourn);
+        self.metrics.record_queue_wait(class, sojourn);
         self.metrics
             .class(class)
             .started

@@ -207,8 +207,8 @@ impl Engine {
             seq.awaits_prompt_of = None;
             if !copied {
                 crate::say!(
-                    "sluice: request {}: the first choice's cells could not be copied; prefilling its prompt",
-                    seq.job.id
+                    "sluice: request id={}: the first choice's cells could not be copied; prefilling its prompt",
+                    seq.job.request_id
                 );
                 continue;
             }

@@ -208,7 +208,8 @@ impl Engine {
             .class(class)
             .completed
             .fetch_add(1, Ordering::Relaxed);
-        self.metrics.record_request_time(seq_arrival.elapsed());
+        self.metrics
+            .record_request_time(class, seq_arrival.elapsed());
         let seq = self.slots[slot].as_ref().expect("finishing slot is active");
         self.queue
             .observe_request(seq.job.prompt.len() - seq.reused, seq.completion_tokens);
@@ -219,7 +220,10 @@ impl Engine {
         let Some(seq) = self.slots[slot].as_mut() else {
             return;
         };
-        crate::say!("sluice: request {} failed: {message}", seq.job.id);
+        crate::say!(
+            "sluice: request id={} failed: {message}",
+            seq.job.request_id
+        );
         seq.outbox.clear();
         seq.outbox.push_back(Event::Error {
             kind: ErrorKind::Engine,

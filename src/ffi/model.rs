@@ -46,8 +46,10 @@ unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_cha
     let important = level == sys::GGML_LOG_LEVEL_WARN || level == sys::GGML_LOG_LEVEL_ERROR;
     // CONT lines continue the previous message; show them only in verbose mode.
     if important || LOG_VERBOSE.load(Ordering::Relaxed) == 1 {
+        // Through `say!`: never a panic across this C frame on a closed
+        // stderr, and a JSON line with --log-format json.
         let msg = CStr::from_ptr(text).to_string_lossy();
-        eprint!("llama.cpp: {msg}");
+        crate::say!("llama.cpp: {}", msg.trim_end_matches('\n'));
     }
 }
 

@@ -177,7 +177,7 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
     let _in_flight = InFlight::enter(&state.in_flight);
     let t0 = Instant::now();
     let path = req.url().to_string();
-    let mut tags = String::new();
+    let mut tags = format!(" id={}", super::request_id(&req));
     let fail = |req: Request, tags: &str, e: ApiError| {
         log_request(&path, tags, t0, &outcome_of_error(&e));
         respond_error(req, &e);
@@ -192,7 +192,7 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
             return fail(req, &tags, e);
         }
     };
-    tags = format!(" client={}", client.label);
+    tags.push_str(&format!(" client={}", client.label));
     let probe = req.take_peer_socket();
     let prepared = (|| {
         let Some(pooling) = state.pooling else {
@@ -262,6 +262,7 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
     let cancel = CancelFlag::default();
     let job = Job {
         id: state.next_id.fetch_add(1, Ordering::Relaxed),
+        request_id: super::request_id(&req).into(),
         class,
         prompt,
         gen: GenParams {

@@ -236,6 +236,8 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
 }
 
 fn handle(state: &AppState, mut req: Request) {
+    let id = request_id_of(&req);
+    req.add_response_header(header("X-Request-Id", &id));
     let path = req.url().split('?').next().unwrap_or("").to_string();
     let method = req.method().clone();
     let has = |name: &'static str| req.headers().iter().any(|h| h.field.equiv(name));
@@ -259,7 +261,7 @@ fn handle(state: &AppState, mut req: Request) {
     }
     if let Err(e) = guard::admit(state, &mut req) {
         state.metrics.forbidden.fetch_add(1, Ordering::Relaxed);
-        log_refusal(&method, req.url(), &e);
+        log_refusal(&req, &e);
         respond_error(req, &e);
         return;
     }
@@ -304,7 +306,7 @@ fn handle(state: &AppState, mut req: Request) {
                 respond_json(req, 200, &model_object(state));
             } else {
                 let e = ApiError::NotFound { path };
-                log_refusal(&method, req.url(), &e);
+                log_refusal(&req, &e);
                 respond_error(req, &e);
             }
         }
@@ -327,6 +329,13 @@ fn handle(state: &AppState, mut req: Request) {
                 Err(e) => respond_error(req, &e),
             }
         }
+        (Method::Get, "/" | "/index.html") => {
+            let resp = Response::from_string(STATUS_PAGE)
+                .with_header(header("Content-Type", "text/html; charset=utf-8"))
+                .with_header(header("Cache-Control", "no-store"));
+            let _ = req.respond(resp);
+        }
+        (Method::Get, "/status") => respond_json(req, 200, &status::status_json(state)),
         (Method::Get, "/metrics") => {
             let resp = Response::from_string(status::metrics_text(state))
                 .with_header(header("Content-Type", "text/plain; version=0.0.4"));
@@ -344,19 +353,26 @@ fn handle(state: &AppState, mut req: Request) {
                 method: method.to_string(),
                 path,
             };
-            log_refusal(&method, req.url(), &e);
+            log_refusal(&req, &e);
             respond_error(req, &e);
         }
         _ => {
             let e = ApiError::NotFound { path };
-            log_refusal(&method, req.url(), &e);
+            log_refusal(&req, &e);
             respond_error(req, &e);
         }
     }
 }
 
+/// The status page (`GET /`): one self-contained page, no CDN; it draws
+/// `GET /status` every second.
+const STATUS_PAGE: &str = include_str!("status.html");
+
 /// Every path the server answers (besides `/v1/models/{id}`).
-const ROUTES: [&str; 13] = [
+const ROUTES: [&str; 16] = [
+    "/",
+    "/index.html",
+    "/status",
     "/health",
     "/livez",
     "/readyz",
@@ -385,10 +401,24 @@ fn model_object(state: &AppState) -> Value {
 
 /// One line for a request refused before routing or routed nowhere (403,
 /// 404, 405): the path, cut to a readable length, and the error code.
-fn log_refusal(method: &Method, url: &str, e: &ApiError) {
+fn log_refusal(req: &Request, e: &ApiError) {
+    let url = req.url();
+    let method = req.method();
     let shown: String = url.chars().take(120).collect();
     let cut = if shown.len() < url.len() { "..." } else { "" };
-    crate::say!("sluice: {method} {shown}{cut} {} {}", e.status(), e.code());
+    let id = request_id(req);
+    let text = format!(
+        "sluice: {method} {shown}{cut} {} id={id} {}",
+        e.status(),
+        e.code()
+    );
+    let mut f = serde_json::Map::new();
+    f.insert("method".into(), method.to_string().into());
+    f.insert("path".into(), format!("{shown}{cut}").into());
+    f.insert("status".into(), e.status().into());
+    f.insert("id".into(), id.into());
+    f.insert("note".into(), e.code().into());
+    crate::log::request(&text, f);
 }
 
 /// Why this replica should get no new requests now, if it should not: it is
@@ -421,7 +451,12 @@ fn respond_json(req: Request, status: u16, body: &Value) {
 }
 
 fn respond_error(req: Request, e: &ApiError) {
-    let mut resp = json_response(e.status(), &e.to_json());
+    let mut body = e.to_json();
+    let id = request_id(&req);
+    if !id.is_empty() {
+        body["error"]["request_id"] = Value::String(id);
+    }
+    let mut resp = json_response(e.status(), &body);
     if let Some(ms) = e.wait_ms(fastrand::f64()) {
         // The OpenAI SDKs read retry-after-ms first; both are spread.
         resp.add_header(header(
@@ -465,16 +500,66 @@ fn outcome_of_error(e: &ApiError) -> Outcome {
 
 /// One line per completion request: path, status, then `tags` (client and
 /// class, once known), tokens, times and the error code.
+/// With `--log-format json` the same line's fields are the object's keys
+/// (`tags` are ` key=value` pairs).
 fn log_request(path: &str, tags: &str, t0: Instant, o: &Outcome) {
     let ttft = o
         .first_token
         .map_or("-".to_string(), |d| format!("{}", d.as_millis()));
-    crate::say!(
-        "sluice: POST {path} {}{tags} prompt={} completion={} ttft_ms={ttft} total_ms={} {}",
-        o.status,
-        o.usage.prompt_tokens,
-        o.usage.completion_tokens,
-        t0.elapsed().as_millis(),
-        o.note
+    let total_ms = t0.elapsed().as_millis() as u64;
+    let text = format!(
+        "sluice: POST {path} {}{tags} prompt={} completion={} ttft_ms={ttft} total_ms={total_ms} {}",
+        o.status, o.usage.prompt_tokens, o.usage.completion_tokens, o.note
     );
+    let mut f = serde_json::Map::new();
+    f.insert("method".into(), "POST".into());
+    f.insert("path".into(), path.into());
+    f.insert("status".into(), o.status.into());
+    for (k, v) in tags.split_whitespace().filter_map(|t| t.split_once('=')) {
+        f.insert(k.into(), v.into());
+    }
+    f.insert("prompt_tokens".into(), o.usage.prompt_tokens.into());
+    f.insert("completion_tokens".into(), o.usage.completion_tokens.into());
+    f.insert(
+        "ttft_ms".into(),
+        o.first_token.map(|d| d.as_millis() as u64).into(),
+    );
+    f.insert("total_ms".into(), total_ms.into());
+    if !o.note.is_empty() {
+        f.insert("note".into(), o.note.into());
+    }
+    crate::log::request(&text, f);
+}
+
+/// `X-Request-Id`: the client's, when it is 1 to `REQUEST_ID_BYTES_MAX`
+/// bytes of letters, digits and `-_.:/+=@` (anything else could forge log
+/// lines or headers); otherwise one made here (16 hex digits).
+fn request_id_of(req: &Request) -> String {
+    let given = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv("X-Request-Id"))
+        .map(|h| h.value.as_str());
+    match given {
+        Some(id) if valid_request_id(id) => id.to_string(),
+        _ => format!("{:016x}", fastrand::u64(..)),
+    }
+}
+
+/// Longest `X-Request-Id` taken from a client.
+pub const REQUEST_ID_BYTES_MAX: usize = 128;
+
+fn valid_request_id(id: &str) -> bool {
+    (1..=REQUEST_ID_BYTES_MAX).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/+=@".contains(&b))
+}
+
+/// The request's id (set by `handle` as a response header).
+fn request_id(req: &Request) -> String {
+    req.response_headers()
+        .iter()
+        .find(|h| h.field.equiv("X-Request-Id"))
+        .map_or_else(String::new, |h| h.value.as_str().to_string())
 }

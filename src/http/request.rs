@@ -38,7 +38,7 @@ impl Drop for InFlight<'_> {
 pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     let _in_flight = InFlight::enter(&state.in_flight);
     let t0 = Instant::now();
-    let tags = String::new();
+    let tags = format!(" id={}", super::request_id(&req));
     let path = req.url().to_string();
     if state.draining.load(Ordering::SeqCst) {
         let e = ApiError::Draining;
@@ -61,7 +61,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     let probe = req.take_peer_socket();
     // The log names the client (its key's name, never the key; or its
     // address) and the class once they are known.
-    let mut tags = format!(" client={}", client.label);
+    let mut tags = format!(" id={} client={}", super::request_id(&req), client.label);
     let prepared = caller_timeout_ms(&req, state.cfg.request_timeout_ms).and_then(|timeout_ms| {
         let class = priority_class(&req)?;
         let (valid, prompt) = prepare(state, &mut req, api)?;
@@ -128,6 +128,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     // One job per choice, each with its own events and cancel flag; a
     // choice after the first samples with the next seed.
     let echo_logprobs = gen.echo_logprobs;
+    let request_id: Arc<str> = super::request_id(&req).into();
     let mut rxs = Vec::with_capacity(n);
     let mut cancels: Vec<CancelFlag> = Vec::with_capacity(n);
     for i in 0..n {
@@ -141,6 +142,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
             } else {
                 state.next_id.fetch_add(1, Ordering::Relaxed)
             },
+            request_id: Arc::clone(&request_id),
             class,
             prompt: prompt.clone(),
             gen,

@@ -37,6 +37,11 @@ pub(super) fn metrics_text(state: &AppState) -> String {
             classes(&|c| state.cfg.queue_wait(c).as_secs_f64()),
         ),
         (
+            "sluice_class_sojourn_target_seconds",
+            "Each class's CoDel sojourn target (0: --no-shed).",
+            classes(&|c| state.cfg.shed(c).map_or(0.0, |(t, _)| t.as_secs_f64())),
+        ),
+        (
             "sluice_class_slots_max",
             "Slots each class may hold.",
             classes(&|c| match c {
@@ -133,6 +138,16 @@ pub(super) fn metrics_text(state: &AppState) -> String {
             f64::from(u8::from(not_ready(state).is_none())),
         ),
         (
+            "sluice_sojourn_above_target",
+            "1 while interactive requests leave the queue above the sojourn target, or its head has waited past it.",
+            f64::from(u8::from(state.metrics.sojourn_above_target.load(std::sync::atomic::Ordering::Relaxed))),
+        ),
+        (
+            "sluice_engine_heartbeat_age_seconds",
+            "Since the engine loop last turned (it turns at least every 100 ms when idle; /livez fails after 120 s).",
+            state.metrics.heartbeat_age().as_secs_f64(),
+        ),
+        (
             "sluice_http_threads",
             "HTTP handler threads.",
             state.http_threads as f64,
@@ -222,4 +237,82 @@ fn front_text(state: &AppState, out: &mut String) {
     ] {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {n}");
     }
+}
+
+/// `GET /status`: what the status page (`GET /`) draws, as JSON: counters
+/// (the page turns them into rates), the queues against their bounds, KV use,
+/// streams, and the latency histograms' cumulative bucket counts (the page
+/// takes quantiles over its last seconds from their differences).
+pub(super) fn status_json(state: &AppState) -> serde_json::Value {
+    use serde_json::{json, Map, Value};
+    use std::sync::atomic::Ordering::Relaxed;
+    let m = state.metrics.snapshot();
+    let (_, class_bounds) = state.queue.snapshot();
+    let mut queues = Map::new();
+    for c in Class::ALL {
+        queues.insert(
+            c.as_str().into(),
+            json!({
+                "depth": state.queue.queued_requests(c),
+                "bound": class_bounds[c.index()].queue_depth_max,
+                "queued_tokens": state.queue.queued_tokens(c),
+                "queued_tokens_max": class_bounds[c.index()].queued_tokens_max,
+                "sojourn_target_s": state.cfg.shed(c).map_or(0.0, |(t, _)| t.as_secs_f64()),
+                "wait_budget_s": state.cfg.queue_wait(c).as_secs_f64(),
+            }),
+        );
+    }
+    let histogram = |b: &crate::metrics::Buckets| {
+        let (counts, sum) = b.snapshot();
+        json!({"bounds": b.bounds(), "counts": counts, "sum": sum})
+    };
+    let interactive = Class::Interactive;
+    let pairs = |v: &[(&str, u64)]| -> Value {
+        Value::Object(
+            v.iter()
+                .map(|(k, n)| ((*k).to_string(), json!(n)))
+                .collect(),
+        )
+    };
+    let front = state.front.get().map(|server| {
+        let st = server.stats();
+        json!({
+            "connections": st.open.load(Relaxed),
+            "connections_max": state.max_connections,
+            "refused": st.refused_connections.load(Relaxed) + st.refused_queue_full.load(Relaxed)
+                + st.timed_out.load(Relaxed) + st.malformed.load(Relaxed) + st.too_large.load(Relaxed),
+        })
+    });
+    json!({
+        "model": state.cfg.model_name,
+        "uptime_s": state.metrics.uptime().as_secs_f64(),
+        "ready": not_ready(state).is_none(),
+        "not_ready_because": not_ready(state),
+        "shedding": m.shedding,
+        "sojourn_above_target": m.sojourn_above_target,
+        "engine_heartbeat_age_s": m.heartbeat_age.as_secs_f64(),
+        "queues": queues,
+        "requests": {
+            "accepted": m.accepted,
+            "completed": m.completed,
+            "failed": m.failed,
+            "refused": pairs(&m.refused),
+            "cancelled": pairs(&m.cancelled),
+        },
+        "tokens": {
+            "generated": m.tokens_generated,
+            "prefilled": m.prefill_tokens,
+            "reused": m.tokens_reused,
+        },
+        "streams": {"running": m.running, "paused": m.paused, "slots": state.cfg.parallel},
+        "kv": {"cells": state.n_ctx, "used": m.kv_cells_used, "reserved": m.kv_cells_reserved},
+        "step_budget_tokens": m.step_budget_tokens,
+        "itl_target_s": state.cfg.itl_target.as_secs_f64(),
+        "front": front,
+        "histograms": {
+            "ttft": histogram(state.metrics.ttft.class(interactive)),
+            "itl": histogram(state.metrics.inter_token.class(interactive)),
+            "queue_wait": histogram(state.metrics.queue_wait.class(interactive)),
+        },
+    })
 }

@@ -369,10 +369,29 @@ fn models_health_and_metrics_endpoints() {
     assert_eq!(srv.metric("sluice_kv_cells_reserved"), 0.0);
     assert_eq!(srv.metric("sluice_kv_cells_used"), 0.0);
     // One request: one first token, two gaps between its three tokens, one end.
-    assert_eq!(srv.metric("sluice_time_to_first_token_seconds_count"), 1.0);
-    assert_eq!(srv.metric("sluice_inter_token_seconds_count"), 2.0);
-    assert_eq!(srv.metric("sluice_request_seconds_count"), 1.0);
-    assert!(srv.metric("sluice_time_to_first_token_seconds{quantile=\"0.99\"}") > 0.0);
+    let i = "{class=\"interactive\"}";
+    assert_eq!(
+        srv.metric(&format!("sluice_time_to_first_token_seconds_count{i}")),
+        1.0
+    );
+    assert_eq!(
+        srv.metric(&format!("sluice_inter_token_seconds_count{i}")),
+        2.0
+    );
+    assert_eq!(srv.metric(&format!("sluice_request_seconds_count{i}")), 1.0);
+    assert_eq!(
+        srv.metric(&format!("sluice_queue_wait_seconds_count{i}")),
+        1.0
+    );
+    assert!(srv.metric(&format!("sluice_time_to_first_token_seconds_sum{i}")) > 0.0);
+    assert_eq!(
+        srv.metric("sluice_time_to_first_token_seconds_bucket{class=\"interactive\",le=\"+Inf\"}"),
+        1.0
+    );
+    assert_eq!(
+        srv.metric("sluice_time_to_first_token_seconds_count{class=\"batch\"}"),
+        0.0
+    );
     // One log line per request, with its outcome and token counts.
     let log = srv.log();
     let line = log

@@ -84,7 +84,15 @@ impl Server {
             std::thread::spawn(move || {
                 for line in BufReader::new(stderr).lines() {
                     let Ok(line) = line else { break };
-                    if let Some(addr) = line.strip_prefix("sluice: listening on http://") {
+                    // With --log-format json, the line's text is its `msg`.
+                    let text = match line.starts_with('{') {
+                        true => serde_json::from_str::<Value>(&line)
+                            .ok()
+                            .and_then(|v| v["msg"].as_str().map(str::to_string))
+                            .unwrap_or_else(|| line.clone()),
+                        false => line.clone(),
+                    };
+                    if let Some(addr) = text.strip_prefix("sluice: listening on http://") {
                         let _ = tx.try_send(addr.trim().parse().expect("listen address"));
                     }
                     let mut l = log.lock().unwrap();

@@ -13,6 +13,7 @@ mod front;
 mod harness;
 mod hostile;
 mod memory;
+mod observability;
 mod prefix;
 mod priority;
 mod scale_out;

@@ -94,9 +94,19 @@ fn systemd_hears_ready_after_start_up_and_stopping_on_sigterm() {
         .expect("timeout");
     let mut srv = Server::start_with_env(&[], &[("NOTIFY_SOCKET", path.to_str().expect("path"))]);
     let mut buf = [0u8; 4096];
-    let n = sock.recv(&mut buf).expect("a notification");
-    let ready = String::from_utf8_lossy(&buf[..n]).into_owned();
-    assert!(ready.lines().any(|l| l == "READY=1"), "{ready}");
+    // STATUS lines while loading and calibrating, then READY.
+    let mut before = Vec::new();
+    let ready = loop {
+        let n = sock.recv(&mut buf).expect("a notification");
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        if text.lines().any(|l| l == "READY=1") {
+            break text;
+        }
+        before.push(text);
+    };
+    assert_eq!(before.len(), 2, "{before:?}");
+    assert!(before[0].starts_with("STATUS=loading "), "{before:?}");
+    assert!(before[1].starts_with("STATUS=calibrating"), "{before:?}");
     assert!(ready.contains("STATUS=serving"), "{ready}");
     // READY comes only once the server answers.
     assert_eq!(request(srv.addr, "GET", "/livez", None, &[]).status, 200);
