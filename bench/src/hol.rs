@@ -77,6 +77,11 @@ pub struct HolReport {
     /// if not, the gaps cover only part of the prefill (raise
     /// `stream_max_tokens`, and the server's KV cells to hold it).
     pub streams_outlasted_prefill: bool,
+    /// Each stream's token arrivals, and the long prompt's send and first
+    /// token, in seconds since the streams started (for `plot::hol_svg`).
+    pub stream_times_s: Vec<Vec<f64>>,
+    pub long_sent_s: f64,
+    pub long_first_s: f64,
 }
 
 impl HolReport {
@@ -88,6 +93,11 @@ impl HolReport {
             "long_prompt_tokens": self.long_prompt_tokens,
             "long_status": self.long_status,
             "streams_outlasted_prefill": self.streams_outlasted_prefill,
+            "timeline": {
+                "long_sent_s": self.long_sent_s,
+                "long_first_token_s": self.long_first_s,
+                "stream_token_s": self.stream_times_s,
+            },
         })
     }
 }
@@ -231,10 +241,14 @@ pub fn run(target: &Target, cfg: &HolConfig) -> Result<HolReport, String> {
     }
     let (t0, t1, long_status, long_prompt_tokens, streams_outlasted_prefill) = result?;
     let (mut before, mut during) = (Vec::new(), Vec::new());
+    let since = |t: Instant| t.saturating_duration_since(started).as_secs_f64();
+    let mut stream_times_s = Vec::new();
     for s in &streams {
-        let (b, d) = split_gaps(&s.times.lock().expect("times"), t0, t1);
+        let times = s.times.lock().expect("times");
+        let (b, d) = split_gaps(&times, t0, t1);
         before.extend(b);
         during.extend(d);
+        stream_times_s.push(times.iter().map(|&t| since(t)).collect());
     }
     Ok(HolReport {
         before: Gaps::of(before),
@@ -243,6 +257,9 @@ pub fn run(target: &Target, cfg: &HolConfig) -> Result<HolReport, String> {
         long_prompt_tokens,
         long_status,
         streams_outlasted_prefill,
+        stream_times_s,
+        long_sent_s: since(t0),
+        long_first_s: since(t1),
     })
 }
 

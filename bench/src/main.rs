@@ -1,5 +1,6 @@
 //! `sluice-bench SCENARIO [flags]`: load for sluice or any OpenAI-compatible
-//! server, reported as a table and a JSON file (and, for `sweep`, an SVG plot).
+//! server, reported as a table, a JSON file and an SVG plot (the sweep; a
+//! timeline for the open and closed loops and for hol).
 
 use argh::FromArgs;
 use serde_json::{json, Value};
@@ -7,7 +8,7 @@ use sluice_bench::arrivals::Phase;
 use sluice_bench::client::Target;
 use sluice_bench::hol::{HolConfig, HolReport};
 use sluice_bench::http::parse_url;
-use sluice_bench::plot::{sweep_svg, Point};
+use sluice_bench::plot::{hol_svg, sweep_svg, timeline_svg, Point};
 use sluice_bench::runner::{closed_loop, open_loop, Report, RunConfig};
 use sluice_bench::stats::{Kind, Slo, Stats};
 use sluice_bench::workload::{Dist, Retry, Workload};
@@ -160,7 +161,8 @@ struct Args {
     /// 0.25,0.5,0.75,1,1.25,1.5,2,2.5,3)
     #[argh(option)]
     multiples: Option<String>,
-    /// SVG plot file for sweep (default: the report's name with .svg)
+    /// SVG plot file (sweep, overload and the other open and closed loops,
+    /// hol; default: the report's name with .svg)
     #[argh(option)]
     plot: Option<String>,
     /// no progress line
@@ -312,17 +314,20 @@ fn run(a: Args) -> Result<(), String> {
                 }],
             );
             print_table("run (open loop)", &r);
+            write_timeline(&a, "run (open loop)", &r)?;
             result = r.to_json();
         }
         "closed" => {
             let r = closed_loop(&cfg, a.concurrency, duration);
             print_table("closed loop", &r);
+            write_timeline(&a, &format!("closed loop, {} clients", a.concurrency), &r)?;
             result = r.to_json();
         }
         // A step: a third of the time at half the capacity, then twice the capacity.
         "overload" => {
             let r = open_loop(&cfg, &phases_at(&[(0.5, 1.0 / 3.0), (2.0, 2.0 / 3.0)]));
             print_table("overload (0.5x, then 2x capacity)", &r);
+            write_timeline(&a, "overload: 0.5x, then 2x capacity", &r)?;
             result = r.to_json();
         }
         "hol" => {
@@ -340,6 +345,15 @@ fn run(a: Args) -> Result<(), String> {
             );
             let r = sluice_bench::hol::run(&cfg.target, &hol)?;
             print_hol(&r);
+            let title = format!(
+                "head of line: {} streams, then a prompt of {} tokens",
+                hol.streams,
+                r.long_prompt_tokens.unwrap_or(hol.long_prompt_tokens)
+            );
+            write_svg(
+                &a,
+                &hol_svg(&title, &r.stream_times_s, r.long_sent_s, r.long_first_s),
+            )?;
             result = r.to_json();
         }
         "conversation" => {
@@ -374,7 +388,9 @@ fn run(a: Args) -> Result<(), String> {
         }
         "long-prompts" | "slow-readers" | "disconnects" => {
             let r = open_loop(&cfg, &phases_at(&[(0.7, 1.0)]));
-            print_table(&format!("{scenario} at 0.7x capacity"), &r);
+            let title = format!("{scenario} at 0.7x capacity");
+            print_table(&title, &r);
+            write_timeline(&a, &title, &r)?;
             result = r.to_json();
         }
         "sweep" => {
@@ -432,6 +448,24 @@ fn plot_path(a: &Args) -> String {
     a.plot
         .clone()
         .unwrap_or_else(|| report_path(a).trim_end_matches(".json").to_string() + ".svg")
+}
+
+/// The open or closed loop's timeline, beside its report.
+fn write_timeline(a: &Args, title: &str, r: &sluice_bench::runner::Report) -> Result<(), String> {
+    let mut ends = Vec::new();
+    let mut t = 0.0;
+    for (p, _) in &r.phases {
+        t += p.duration.as_secs_f64();
+        ends.push(t);
+    }
+    write_svg(a, &timeline_svg(title, &r.arrivals, &r.depth, &ends))
+}
+
+fn write_svg(a: &Args, svg: &str) -> Result<(), String> {
+    let plot = plot_path(a);
+    std::fs::write(&plot, svg).map_err(|e| format!("{plot}: {e}"))?;
+    eprintln!("sluice-bench: plot written to {plot}");
+    Ok(())
 }
 
 fn write_plot(a: &Args, points: &[Point]) -> Result<(), String> {

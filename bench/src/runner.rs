@@ -4,6 +4,7 @@
 
 use crate::arrivals::{poisson_schedule, Phase, Rng};
 use crate::client::{run_request, Target};
+use crate::plot::{Arrival, DepthSample};
 use crate::stats::{Kind, Outcome, Slo, Stats};
 use crate::workload::Workload;
 use crossbeam_channel::{bounded, TrySendError};
@@ -47,7 +48,15 @@ pub struct Report {
     pub target: Value,
     pub server_metrics: Value,
     pub wall: Duration,
+    /// Each request at its arrival (for `plot::timeline_svg`).
+    pub arrivals: Vec<Arrival>,
+    /// The queue over time, every `DEPTH_INTERVAL`.
+    pub depth: Vec<DepthSample>,
 }
+
+/// How often the queue (the clients' in-flight count, the server's
+/// `sluice_queue_depth`) is sampled for the timeline.
+const DEPTH_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Report {
     pub fn to_json(&self) -> Value {
@@ -61,11 +70,23 @@ impl Report {
                 v
             })
             .collect();
+        let arrivals: Vec<Value> = self
+            .arrivals
+            .iter()
+            .map(|a| json!([a.at_s, a.completed, a.ttft_s]))
+            .collect();
+        let depth: Vec<Value> = self.depth.iter().map(|d| json!([d.0, d.1, d.2])).collect();
         json!({
             "phases": phases,
             "target_process": self.target,
             "server_metrics_delta": self.server_metrics,
             "wall_s": self.wall.as_secs_f64(),
+            "timeline": {
+                "arrivals": "[arrival s, completed, ttft s] per request",
+                "requests": arrivals,
+                "depth": "[s, in flight at the clients, server queue depth] every 0.5 s",
+                "samples": depth,
+            },
         })
     }
 }
@@ -76,6 +97,7 @@ pub fn open_loop(cfg: &RunConfig, phases: &[Phase]) -> Report {
     let schedule = poisson_schedule(phases, cfg.seed);
     let session = Session::begin(cfg, phases.len());
     let (stats, progress) = (Arc::clone(&session.stats), Arc::clone(&session.progress));
+    let timeline = Arc::clone(&session.timeline);
 
     // A zero-capacity channel: `try_send` succeeds only if a client is waiting.
     let (tx, rx) = bounded::<(crate::workload::RequestSpec, Instant, usize, u64)>(0);
@@ -84,11 +106,13 @@ pub fn open_loop(cfg: &RunConfig, phases: &[Phase]) -> Report {
             let rx = rx.clone();
             let (target, workload) = (cfg.target.clone(), cfg.workload.clone());
             let (stats, progress) = (Arc::clone(&stats), Arc::clone(&progress));
+            let timeline = Arc::clone(&timeline);
             std::thread::spawn(move || {
                 while let Ok((spec, arrival, phase, seed)) = rx.recv() {
                     let mut rng = Rng::new(seed);
                     let o = run_request(&target, &workload, &spec, arrival, &mut rng);
                     note(&progress, &o);
+                    timeline.note(arrival, &o);
                     stats[phase].lock().expect("stats lock").record(&o);
                 }
             })
@@ -111,6 +135,7 @@ pub fn open_loop(cfg: &RunConfig, phases: &[Phase]) -> Report {
                 let mut o = Outcome::new(Kind::Overflow, spec.long);
                 o.attempts = 0;
                 note(&progress, &o);
+                timeline.note(at, &o);
                 stats[phase].lock().expect("stats lock").record(&o);
             }
         }
@@ -119,7 +144,7 @@ pub fn open_loop(cfg: &RunConfig, phases: &[Phase]) -> Report {
     for c in clients {
         let _ = c.join();
     }
-    drop((stats, progress));
+    drop((stats, progress, timeline));
     session.end(cfg, phases)
 }
 
@@ -132,13 +157,16 @@ pub fn closed_loop(cfg: &RunConfig, concurrency: usize, duration: Duration) -> R
         .map(|i| {
             let (target, workload) = (cfg.target.clone(), cfg.workload.clone());
             let (stats, progress) = (Arc::clone(&session.stats), Arc::clone(&session.progress));
+            let timeline = Arc::clone(&session.timeline);
             let mut rng = Rng::new(cfg.seed.wrapping_add(i as u64 * 7919));
             std::thread::spawn(move || {
                 while start.elapsed() < duration {
                     let spec = workload.draw(&mut rng);
                     progress.sent.fetch_add(1, Ordering::Relaxed);
-                    let o = run_request(&target, &workload, &spec, Instant::now(), &mut rng);
+                    let arrival = Instant::now();
+                    let o = run_request(&target, &workload, &spec, arrival, &mut rng);
                     note(&progress, &o);
+                    timeline.note(arrival, &o);
                     stats[0].lock().expect("stats lock").record(&o);
                 }
             })
@@ -170,6 +198,9 @@ fn note(p: &Progress, o: &Outcome) {
 struct Session {
     stats: Arc<Vec<Mutex<Stats>>>,
     progress: Arc<Progress>,
+    timeline: Arc<Timeline>,
+    /// The queue sampler and its stop flag.
+    depth: (std::thread::JoinHandle<Vec<DepthSample>>, Arc<AtomicBool>),
     before: Option<Value>,
     sampler: TargetSampler,
     stop_progress: Arc<AtomicBool>,
@@ -184,7 +215,33 @@ impl Session {
             .collect();
         let progress = Arc::new(Progress::default());
         let stop_progress = Arc::new(AtomicBool::new(false));
+        let start = Instant::now();
+        let stop_depth = Arc::new(AtomicBool::new(false));
+        let depth = {
+            let (p, stop, target) = (
+                Arc::clone(&progress),
+                Arc::clone(&stop_depth),
+                cfg.target.clone(),
+            );
+            std::thread::spawn(move || {
+                let mut samples = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let t = start.elapsed().as_secs_f64();
+                    let l = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                    let in_flight = l(&p.sent).saturating_sub(l(&p.done)) as f64;
+                    let server = server_gauge(&target, "sluice_queue_depth");
+                    samples.push((t, in_flight, server));
+                    std::thread::sleep(DEPTH_INTERVAL);
+                }
+                samples
+            })
+        };
         Session {
+            timeline: Arc::new(Timeline {
+                start,
+                arrivals: Mutex::new(Vec::new()),
+            }),
+            depth: (depth, stop_depth),
             stats: Arc::new(stats),
             before: server_metrics(&cfg.target),
             sampler: TargetSampler::start(cfg.pid),
@@ -195,7 +252,7 @@ impl Session {
             ),
             progress,
             stop_progress,
-            start: Instant::now(),
+            start,
         }
     }
 
@@ -213,6 +270,10 @@ impl Session {
         };
         let stats = Arc::try_unwrap(self.stats)
             .unwrap_or_else(|_| panic!("client threads still hold the stats"));
+        self.depth.1.store(true, Ordering::Relaxed);
+        let depth = self.depth.0.join().unwrap_or_default();
+        let mut arrivals = std::mem::take(&mut *self.timeline.arrivals.lock().expect("timeline"));
+        arrivals.sort_by(|a, b| a.at_s.total_cmp(&b.at_s));
         Report {
             phases: phases
                 .iter()
@@ -226,6 +287,8 @@ impl Session {
             target: self.sampler.stop(),
             server_metrics,
             wall,
+            arrivals,
+            depth,
         }
     }
 }
@@ -326,6 +389,37 @@ pub fn read_proc_status(pid: u32) -> Option<(u64, u64)> {
             .and_then(|v| v.parse::<u64>().ok())
     };
     Some((field("VmRSS:")?, field("Threads:")?))
+}
+
+/// Each request at its arrival, as the client threads end them.
+struct Timeline {
+    start: Instant,
+    arrivals: Mutex<Vec<Arrival>>,
+}
+
+impl Timeline {
+    fn note(&self, arrival: Instant, o: &Outcome) {
+        let a = Arrival {
+            at_s: arrival.saturating_duration_since(self.start).as_secs_f64(),
+            completed: o.kind == Kind::Completed,
+            ttft_s: o.ttft.map(|d| d.as_secs_f64()),
+        };
+        self.arrivals.lock().expect("timeline").push(a);
+    }
+}
+
+/// One unlabelled gauge of the target's `/metrics`, if it has it (quickly:
+/// the sampler must not fall behind a busy server).
+fn server_gauge(t: &Target, name: &str) -> Option<f64> {
+    let path = format!("{}/metrics", t.prefix);
+    let r =
+        crate::http::request(t.addr, "GET", &path, None, &[], Duration::from_millis(400)).ok()?;
+    if r.status != 200 {
+        return None;
+    }
+    parse_prometheus(&String::from_utf8_lossy(&r.body))
+        .get(name)
+        .copied()
 }
 
 /// sluice's counters from `/metrics`, when the target has them.

@@ -64,6 +64,9 @@ fn a_short_overload_run_counts_what_sluice_counted() {
     let after = srv.metrics();
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
     std::fs::remove_file(&out).unwrap();
+    let svg_path = out.with_extension("svg");
+    let svg = std::fs::read_to_string(&svg_path).expect("the overload run's timeline plot");
+    std::fs::remove_file(&svg_path).unwrap();
 
     let delta = |name: &str| metric_value(&after, name) - metric_value(&before, name);
     let statuses =
@@ -118,4 +121,18 @@ fn a_short_overload_run_counts_what_sluice_counted() {
     assert_eq!(phases.len(), 2);
     let requests: u64 = phases.iter().map(|p| p["requests"].as_u64().unwrap()).sum();
     assert_eq!(requests, accepted + rejected);
+    // The timeline has every request: a dot per completed one at its first
+    // token, a tick per other; and the queue sampled over the run.
+    let timeline = &report["result"]["timeline"];
+    assert_eq!(
+        timeline["requests"].as_array().unwrap().len() as u64,
+        requests
+    );
+    assert!(timeline["samples"].as_array().unwrap().len() >= 2);
+    assert!(svg.starts_with("<svg"), "{svg}");
+    assert_eq!(svg.matches("<circle").count() as u64, completed);
+    assert_eq!(
+        svg.matches("stroke=\"#d62728\"").count() as u64,
+        requests - completed
+    );
 }
