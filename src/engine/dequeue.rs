@@ -42,7 +42,15 @@ impl Engine {
             .iter()
             .flatten()
             .filter(|s| !s.done)
-            .map(|s| (s.job.class, s.job.prompt.len().saturating_sub(s.n_past)))
+            .map(|s| {
+                // A later choice waiting for its first choice's cells
+                // prefills the prompt's last token only.
+                let r = match s.awaits_prompt_of {
+                    Some(_) => 1,
+                    None => s.job.prompt.len().saturating_sub(s.n_past),
+                };
+                (s.job.class, r)
+            })
             .filter(|&(c, r)| r > 0 && (c < class || c == class && r <= prompt_tokens))
             .map(|(_, r)| r)
             .sum()
@@ -207,7 +215,10 @@ impl Engine {
         // not by the queue.
         if let Some((target, _)) = shed {
             let w_max = self.cfg.queue_wait[class.index()];
-            let p = job.prompt.len() - reuse;
+            let p = match awaits_prompt_of {
+                Some(_) => 1,
+                None => job.prompt.len() - reuse,
+            };
             let own = self.prefill_forecast(p);
             let (late, forecast) = if own <= target {
                 let forecast = self.prefill_forecast(p + self.prefill_ahead(class, p));

@@ -150,7 +150,13 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
             deadline: Some(t0 + Duration::from_millis(timeout_ms)),
             events: tx,
             cancel: cancel.clone(),
-            cached_estimate,
+            // A later choice takes the first one's prompt cells: admission
+            // counts the one token it prefills.
+            cached_estimate: match i {
+                0 => cached_estimate,
+                _ if echo_logprobs => cached_estimate,
+                _ => cached_estimate.max(prompt_tokens - 1),
+            },
             embed: None,
             // The prompt's log-probabilities need a prefill of each.
             prompt_of: (i > 0 && !echo_logprobs).then_some(id),

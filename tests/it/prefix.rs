@@ -482,3 +482,36 @@ fn choices_share_the_prompt(layout: &str) {
         compare(&scored(&one), &scored(&alone), 0).check(&format!("choice {i}"));
     }
 }
+
+#[test]
+fn n_choices_of_a_long_prompt_are_admitted_and_forecast_as_one_prefill() {
+    // Rates fixed: 300 prompt tokens/s, so 8 prefills of this prompt would be
+    // ~16 s of work (over W_max, and over the queued-token budget of
+    // 300 x 5 s), one is ~2 s.
+    let srv = Server::start(&[
+        "--parallel",
+        "8",
+        "--mu-prefill",
+        "300",
+        "--mu-decode",
+        "150",
+        "--mu-fixed",
+        "--prefix-cache-mb",
+        "0",
+    ]);
+    let prompt = long_prompt(30);
+    let body =
+        json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true, "n": 8});
+    let v = complete(&srv, body);
+    let n_prompt = prompt_tokens(&v);
+    assert!(
+        (500..=1000).contains(&n_prompt),
+        "prompt has {n_prompt} tokens"
+    );
+    assert_eq!(v["choices"].as_array().expect("choices").len(), 8);
+    assert_eq!(
+        srv.metric("sluice_prefill_tokens_total"),
+        (n_prompt + 7) as f64
+    );
+    assert_eq!(srv.metric("sluice_requests_accepted_total"), 8.0);
+}
