@@ -70,6 +70,7 @@ impl Prompter {
     /// (`tools::call_text`), so the model sees its own calls either way.
     pub fn render_chat(&self, messages: &[Message], tools: &Tools) -> Result<String, String> {
         let auto = tools.is_auto();
+        let held = tools.calls();
         let tools = &tools.tools[..];
         use serde_json::{json, Value};
         let mut msgs: Vec<Value> = messages
@@ -107,16 +108,33 @@ impl Prompter {
             })
             .collect();
         let specs: Vec<Value> = tools.iter().map(|t| t.spec.clone()).collect();
-        if !tools.is_empty() && !self.renders_tools {
-            let about = format!(
-                "You can call these functions:\n{}\nTo call one, answer with only {}.{}",
-                Value::Array(specs.clone()),
+        // The format structured output holds the answer to.
+        let format = |lead: &str| {
+            format!(
+                "{lead}, answer with only {}.{}",
                 call_text("<function name>", "<its arguments as a JSON object>"),
                 match auto {
                     true => " To answer in text instead, answer with only {\"response\": \"<your answer>\"}.",
                     false => "",
                 }
-            );
+            )
+        };
+        // A template that renders the tools describes them (and its own call
+        // syntax); when the answer is held to sluice's format, that format is
+        // said too.
+        let about = match (tools.is_empty(), self.renders_tools) {
+            (true, _) => None,
+            (false, false) => Some(format!(
+                "You can call these functions:\n{}\n{}",
+                Value::Array(specs.clone()),
+                format("To call one")
+            )),
+            (false, true) if held => Some(format(
+                "Whatever call syntax is described above: to call a function",
+            )),
+            (false, true) => None,
+        };
+        if let Some(about) = about {
             match messages.first() {
                 Some(m) if m.role == Role::System => {
                     msgs[0]["content"] = Value::String(format!("{}\n\n{about}", m.content));

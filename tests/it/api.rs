@@ -573,3 +573,60 @@ fn n_choices_are_n_sequences_counted_in_admission_and_streamed_by_index() {
     assert_eq!(r.status, 400);
     assert_eq!(r.body_json()["error"]["param"], "n");
 }
+
+#[test]
+fn a_template_that_renders_tools_gets_them_and_the_format_the_answer_is_held_to() {
+    let dir = std::env::temp_dir().join(format!("sluice-tools-template-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tools.jinja");
+    // A template with a call syntax of its own, as Hermes-style ones have.
+    std::fs::write(
+        &path,
+        "{% if tools %}TOOLS:{% for t in tools %} {{ t['function']['name'] }}{% endfor %} (call with <tool_call>)\n{% endif %}\
+{% for m in messages %}{{ m['role'] | upper }}: {{ m['content'] }}\n{% endfor %}ASSISTANT:",
+    )
+    .unwrap();
+    let srv = Server::start(&["--chat-template-file", path.to_str().unwrap()]);
+    let weather = json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}});
+    let messages = json!([{"role": "user", "content": "Weather in Paris?"}]);
+    let prompt = |choice: &str| -> String {
+        let r = srv.post(
+            "/tokenize",
+            &json!({"messages": messages, "tools": [weather], "tool_choice": choice}),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let tokens = r.body_json()["tokens"].clone();
+        let r = srv.post("/detokenize", &json!({ "tokens": tokens }));
+        r.body_json()["prompt"].as_str().unwrap().to_string()
+    };
+    let auto = prompt("auto");
+    assert!(
+        auto.contains("TOOLS: get_weather (call with <tool_call>)"),
+        "{auto}"
+    );
+    assert!(
+        auto.contains("Whatever call syntax is described above"),
+        "{auto}"
+    );
+    assert!(auto.contains("{\"response\": \"<your answer>\"}"), "{auto}");
+    let required = prompt("required");
+    assert!(required.contains("Whatever call syntax"), "{required}");
+    assert!(!required.contains("\"response\""), "{required}");
+    let none = prompt("none");
+    assert!(none.contains("TOOLS: get_weather"), "{none}");
+    assert!(!none.contains("Whatever call syntax"), "{none}");
+    // The answer is one of the two forms.
+    let r = srv.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages, "tools": [weather], "max_tokens": 40, "temperature": 0}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.body_json();
+    let m = &v["choices"][0]["message"];
+    assert!(
+        m["tool_calls"].is_array() != m["content"].is_string(),
+        "a call or text: {v}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
