@@ -408,7 +408,7 @@ fn log_refusal(req: &Request, e: &ApiError) {
     let cut = if shown.len() < url.len() { "..." } else { "" };
     let id = request_id(req);
     let text = format!(
-        "sluice: {method} {shown}{cut} {} id={id} {}",
+        "sluice: {method} {shown}{cut} {} {} id={id}",
         e.status(),
         e.code()
     );
