@@ -6,7 +6,7 @@
 
 use super::error::ApiError;
 use super::request::{
-    authenticate, caller_timeout_ms, json_body, priority_class, Charged, InFlight,
+    authenticate, caller_timeout_ms, charge, json_body, priority_class, InFlight,
 };
 use super::validation::Input;
 use super::{log_request, outcome_of_error, reply, respond_error, respond_json, AppState, Outcome};
@@ -231,31 +231,9 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
     let prompt_tokens = prompt.len();
     let cost = prompt_tokens as u64;
     // Charged in full: an embedding generates nothing, and reuses nothing.
-    let mut bucket = match client.limit {
-        None => None,
-        Some(limit) => match state.limiter.charge(client.id, limit, cost) {
-            Ok(()) => Some(Charged {
-                limiter: &state.limiter,
-                id: client.id,
-                limit,
-                unused: 0,
-            }),
-            Err(refused) => {
-                state
-                    .metrics
-                    .class(class)
-                    .rate_limited
-                    .fetch_add(1, Ordering::Relaxed);
-                let e = ApiError::RateLimited {
-                    cost,
-                    available: refused.available,
-                    burst: limit.burst,
-                    rate_tok_s: limit.rate_tok_s,
-                    retry_after_s: refused.retry_after_s,
-                };
-                return fail(req, &tags, e);
-            }
-        },
+    let mut bucket = match charge(state, &client, class, cost) {
+        Ok(b) => b,
+        Err(e) => return fail(req, &tags, e),
     };
     let n_inputs = ends.len();
     let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
@@ -291,10 +269,11 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
     };
     if let Err(refused) = state.admission.submit(job) {
         // Refused for overload: the charge goes back (when `bucket` drops).
-        if let Some(b) = &mut bucket {
-            b.unused = cost;
-        }
         return fail(req, &tags, ApiError::from(refused));
+    }
+    // Admitted: the prompt is paid for, whatever becomes of the request.
+    if let Some(b) = &mut bucket {
+        b.unused = 0;
     }
     let waiter = reply::Waiter {
         rx: vec![rx],

@@ -91,33 +91,13 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     // choice is a sequence of its own.
     let n = valid.n;
     let cost = (n * (prompt_tokens - cached_estimate + gen.max_tokens)) as u64;
-    let mut bucket = match client.limit {
-        None => None,
-        Some(limit) => match state.limiter.charge(client.id, limit, cost) {
-            Ok(()) => Some(Charged {
-                limiter: &state.limiter,
-                id: client.id,
-                limit,
-                unused: cost,
-            }),
-            Err(refused) => {
-                state
-                    .metrics
-                    .class(class)
-                    .rate_limited
-                    .fetch_add(1, Ordering::Relaxed);
-                let e = ApiError::RateLimited {
-                    cost,
-                    available: refused.available,
-                    burst: limit.burst,
-                    rate_tok_s: limit.rate_tok_s,
-                    retry_after_s: refused.retry_after_s,
-                };
-                log_request(&path, &tags, t0, &outcome_of_error(&e));
-                respond_error(req, &e);
-                return;
-            }
-        },
+    let mut bucket = match charge(state, &client, class, cost) {
+        Ok(b) => b,
+        Err(e) => {
+            log_request(&path, &tags, t0, &outcome_of_error(&e));
+            respond_error(req, &e);
+            return;
+        }
     };
     let max_tokens = gen.max_tokens;
     let id = state.next_id.fetch_add(1, Ordering::Relaxed);
@@ -224,6 +204,43 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
         outcome.usage.prompt_tokens = prompt_tokens;
     }
     log_request(&path, &tags, t0, &outcome);
+}
+
+/// Charges `cost` tokens of work to the client's bucket (nothing without a
+/// limit). All of it is `unused` (given back when the charge drops) until
+/// the caller says how much the request used. A short bucket is the 429,
+/// counted for the class.
+pub(super) fn charge<'a>(
+    state: &'a AppState,
+    client: &Client,
+    class: Class,
+    cost: u64,
+) -> Result<Option<Charged<'a>>, ApiError> {
+    let Some(limit) = client.limit else {
+        return Ok(None);
+    };
+    match state.limiter.charge(client.id, limit, cost) {
+        Ok(()) => Ok(Some(Charged {
+            limiter: &state.limiter,
+            id: client.id,
+            limit,
+            unused: cost,
+        })),
+        Err(refused) => {
+            state
+                .metrics
+                .class(class)
+                .rate_limited
+                .fetch_add(1, Ordering::Relaxed);
+            Err(ApiError::RateLimited {
+                cost,
+                available: refused.available,
+                burst: limit.burst,
+                rate_tok_s: limit.rate_tok_s,
+                retry_after_s: refused.retry_after_s,
+            })
+        }
+    }
 }
 
 /// Work charged to a client's bucket; what is still `unused` when it drops
