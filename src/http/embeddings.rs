@@ -18,7 +18,6 @@ use base64::Engine as _;
 use crossbeam_channel::bounded;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiny_http::Request;
 
@@ -275,18 +274,7 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
     if let Some(b) = &mut bucket {
         b.unused = 0;
     }
-    let waiter = reply::Waiter {
-        rx: vec![rx],
-        t0,
-        deadline: t0 + Duration::from_millis(timeout_ms),
-        timeout_ms,
-        stall_timeout_ms: state.cfg.stall_timeout.as_millis() as u64,
-        keep_alive: state.cfg.sse_keep_alive,
-        probe,
-        probed_at: std::cell::Cell::new(t0),
-        cancel: vec![cancel],
-        metrics: Arc::clone(&state.metrics),
-    };
+    let waiter = reply::Waiter::new(state, t0, timeout_ms, vec![rx], vec![cancel], probe);
     let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n_inputs];
     let usage = loop {
         match waiter.next_before(None, &[false]) {

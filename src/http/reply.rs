@@ -43,6 +43,30 @@ pub(super) struct Waiter {
 }
 
 impl Waiter {
+    /// The handler's side of a request whose jobs were admitted at `t0`:
+    /// their channels and cancel flags, the client's socket, the deadline.
+    pub(super) fn new(
+        state: &super::AppState,
+        t0: Instant,
+        timeout_ms: u64,
+        rx: Vec<Receiver<Event>>,
+        cancel: Vec<CancelFlag>,
+        probe: Option<std::os::fd::OwnedFd>,
+    ) -> Waiter {
+        Waiter {
+            rx,
+            t0,
+            deadline: t0 + Duration::from_millis(timeout_ms),
+            timeout_ms,
+            stall_timeout_ms: state.cfg.stall_timeout.as_millis() as u64,
+            keep_alive: state.cfg.sse_keep_alive,
+            probe,
+            probed_at: std::cell::Cell::new(t0),
+            cancel,
+            metrics: Arc::clone(&state.metrics),
+        }
+    }
+
     /// The engine's step count, stamped on a cancel.
     fn step(&self) -> u64 {
         self.metrics.steps.load(Ordering::Relaxed)

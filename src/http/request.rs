@@ -174,18 +174,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
         api,
         include_usage: valid.include_usage,
     };
-    let waiter = reply::Waiter {
-        rx: rxs,
-        t0,
-        deadline: t0 + Duration::from_millis(timeout_ms),
-        timeout_ms,
-        stall_timeout_ms: state.cfg.stall_timeout.as_millis() as u64,
-        keep_alive: state.cfg.sse_keep_alive,
-        probe,
-        probed_at: std::cell::Cell::new(t0),
-        cancel: cancels,
-        metrics: Arc::clone(&state.metrics),
-    };
+    let waiter = reply::Waiter::new(state, t0, timeout_ms, rxs, cancels, probe);
     let mut outcome = reply::reply(req, &meta, &valid, echo_text, &waiter);
     // The prompt was charged and taken; the tokens not generated go back,
     // and so does the difference between the cached tokens expected and
