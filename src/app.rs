@@ -108,6 +108,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         cpus: cfg.cpus.clone(),
         poll: cfg.poll,
         shed: Class::ALL.map(|c| cfg.shed(c)),
+        shed_late: cfg.shed_late,
         batch_slots: cfg.batch_slots(),
         batch_kv_cells: cfg.batch_kv_cells(n_ctx),
         batch_every: cfg.batch_every,
@@ -279,10 +280,14 @@ fn serve(cfg: Config) -> Result<(), String> {
         None => crate::say!("sluice: rate limit per client: off"),
     }
     match cfg.shed {
-        Some((target, interval)) => crate::say!(
+        Some((target, interval)) if cfg.shed_late => crate::say!(
             "sluice: shedding: sojourn target {} ms over {} ms intervals (CoDel); past the target, a request starts only if its first token can come within W_max",
             target.as_millis(),
             interval.as_millis()
+        ),
+        Some((target, _)) => crate::say!(
+            "sluice: shedding: none at dequeue (no --queue-wait-ms or --shed-target-ms given): an admitted request is served unless its own deadline passes; not ready while requests wait over {} ms",
+            target.as_millis()
         ),
         None => crate::say!("sluice: shedding off (--no-shed)"),
     }

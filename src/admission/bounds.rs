@@ -92,6 +92,11 @@ pub struct Policy {
     /// `--queue-depth`: a fixed L_max instead of the derived one (already checked
     /// against 9, or against the unsafe ceiling with `--queue-depth-unsafe`).
     pub queue_depth: Option<usize>,
+    /// The least derived L_max: the slots the class may hold. A queue of one
+    /// request per slot keeps every slot busy across a turnover, and each of
+    /// them waits at most about one request's service time; so a closed loop
+    /// of twice the slots' clients is never refused. (Below the ceiling.)
+    pub queue_depth_min: usize,
     /// `--queued-tokens-max`: a fixed token budget instead of `μ_prefill · W_max`.
     pub queued_tokens_max: Option<usize>,
 }
@@ -104,8 +109,8 @@ impl Policy {
     }
 }
 
-/// `L_max = ceil(μ_req · W_max)` clamped to `1..=9`, unless the operator set a
-/// depth; and the queued-token budget `μ_prefill · W_max`, unless the operator
+/// `L_max = ceil(μ_req · W_max)` clamped to the slots (`queue_depth_min`) and
+/// 9, unless the operator set a depth; and the queued-token budget `μ_prefill · W_max`, unless the operator
 /// set one.
 pub fn derive_bounds(rates: Rates, policy: &Policy) -> Bounds {
     assert!(
@@ -114,7 +119,8 @@ pub fn derive_bounds(rates: Rates, policy: &Policy) -> Bounds {
     );
     let mu = mu_req(rates, policy.typical);
     let w = policy.queue_wait.as_secs_f64();
-    let little = (mu * w).ceil().clamp(1.0, QUEUE_DEPTH_SAFE_MAX as f64) as usize;
+    let floor = policy.queue_depth_min.clamp(1, QUEUE_DEPTH_SAFE_MAX) as f64;
+    let little = (mu * w).ceil().clamp(floor, QUEUE_DEPTH_SAFE_MAX as f64) as usize;
     let tokens = (rates.prefill_tok_s * w).floor().max(1.0) as usize;
     Bounds {
         mu_req: mu,
@@ -150,6 +156,7 @@ pub(super) mod tests {
             typical: TYPICAL,
             queue_wait: Duration::from_millis(wait_ms),
             queue_depth: depth,
+            queue_depth_min: 1,
             queued_tokens_max: None,
         }
     }
@@ -167,6 +174,18 @@ pub(super) mod tests {
         assert_eq!(b.queued_tokens_max, 1000, "200 tok/s * 5 s");
         let b = derive_bounds(RATES, &policy(100, None));
         assert_eq!(b.queue_depth_max, 1, "never below one");
+        let four_slots = Policy {
+            queue_depth_min: 4,
+            ..policy(100, None)
+        };
+        let b = derive_bounds(RATES, &four_slots);
+        assert_eq!(b.queue_depth_max, 4, "never below one waiting per slot");
+        let many_slots = Policy {
+            queue_depth_min: 64,
+            ..policy(100, None)
+        };
+        let b = derive_bounds(RATES, &many_slots);
+        assert_eq!(b.queue_depth_max, 9, "the floor stays below the ceiling");
         let fast = Rates {
             prefill_tok_s: 5000.0,
             decode_tok_s: 3000.0,

@@ -161,6 +161,8 @@ pub struct QueueFull {
     pub queue_depth_max: usize,
     pub queued_tokens: usize,
     pub queued_tokens_max: usize,
+    /// The refused request's prompt tokens to prefill (0: refused at the
+    /// door, unread).
     pub prompt_tokens: usize,
     /// When to come back (`QueueGauge::promise`), and that in whole seconds
     /// (at least 1), rounded up.
@@ -323,6 +325,23 @@ impl QueueGauge {
     /// never be served.
     fn reserve(&self, class: Class, prompt_tokens: usize) -> Result<(), Refusal> {
         let mut s = self.lock();
+        Self::judge(&s, self.free_for(&s.load, class), class, prompt_tokens)?;
+        let c = class.index();
+        s.load.waiting[c] += 1;
+        s.load.waiting_tokens[c] += prompt_tokens;
+        self.publish(&s.load);
+        Ok(())
+    }
+
+    /// Whether a request of `class` and `prompt_tokens` would be admitted now,
+    /// without reserving its place.
+    fn check(&self, class: Class, prompt_tokens: usize) -> Result<(), Refusal> {
+        let s = self.lock();
+        Self::judge(&s, self.free_for(&s.load, class), class, prompt_tokens)
+    }
+
+    /// The gate's rule (`reserve`), given the slots the class could take now.
+    fn judge(s: &State, free: usize, class: Class, prompt_tokens: usize) -> Result<(), Refusal> {
         let l = s.load;
         let c = class.index();
         let bounds = s.bounds[c];
@@ -334,7 +353,6 @@ impl QueueGauge {
             rates: s.rates,
             bounds,
         };
-        let free = self.free_for(&l, class);
         if l.waiting[c] >= free + bounds.queue_depth_max {
             return Err(refuse(QueueBound::Requests));
         }
@@ -346,9 +364,6 @@ impl QueueGauge {
         {
             return Err(refuse(QueueBound::Tokens));
         }
-        s.load.waiting[c] += 1;
-        s.load.waiting_tokens[c] += prompt_tokens;
-        self.publish(&s.load);
         Ok(())
     }
 
@@ -506,6 +521,61 @@ impl Admission {
         (admission, [rx_i, rx_b], gauge)
     }
 
+    /// The door's check, before a request's body is read: refuses it when
+    /// the queue's state alone says any request of `class` would break a
+    /// bound (the count, or the token budget with a one-token prompt), as
+    /// `submit` would after parsing and tokenizing it. Reserves nothing: a
+    /// request that passes is judged again by `submit`. The refused client
+    /// is promised a return time for the typical request.
+    pub fn precheck(&self, class: Class) -> Result<(), Refused> {
+        let r = match self.gauge.check(class, 1) {
+            Ok(()) => return Ok(()),
+            Err(r) => r,
+        };
+        self.metrics
+            .rejected_before_parsing
+            .fetch_add(1, Ordering::Relaxed);
+        let typical = self.gauge.typical();
+        let mut refused = self.refused(class, r, typical.prompt_tokens, typical.max_tokens);
+        // Its own prompt is not known: it was not read.
+        if let Refused::QueueFull(q) = &mut refused {
+            q.prompt_tokens = 0;
+        }
+        Err(refused)
+    }
+
+    /// Counts a refusal of the gate and promises the client a return time.
+    fn refused(&self, class: Class, r: Refusal, tokens: usize, max_tokens: usize) -> Refused {
+        let counters = self.metrics.class(class);
+        let (counter, by_class) = match r.bound {
+            QueueBound::Requests => (
+                &self.metrics.rejected_queue_full,
+                &counters.rejected_queue_full,
+            ),
+            QueueBound::Tokens => (
+                &self.metrics.rejected_token_budget,
+                &counters.rejected_token_budget,
+            ),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        by_class.fetch_add(1, Ordering::Relaxed);
+        let own_s =
+            tokens as f64 / r.rates.prefill_tok_s + max_tokens as f64 / r.rates.decode_tok_s;
+        let wait = self.gauge.promise(class, own_s);
+        let retry_after_ms = wait.as_millis() as u64;
+        Refused::QueueFull(QueueFull {
+            bound: r.bound,
+            class,
+            queued: r.waiting,
+            queue_depth_max: r.bounds.queue_depth_max,
+            queued_tokens: r.waiting_tokens,
+            queued_tokens_max: r.bounds.queued_tokens_max,
+            prompt_tokens: tokens,
+            retry_after_ms,
+            retry_after_s: retry_after_ms.div_ceil(1000).max(RETRY_AFTER_S_MIN),
+        })
+    }
+
     pub fn submit(&self, job: Job) -> Result<(), Refused> {
         // Prompt tokens found in the prefix cache are not prefilled: they do
         // not count against the queued-token budget.
@@ -513,33 +583,7 @@ impl Admission {
         let class = job.class;
         let counters = self.metrics.class(class);
         if let Err(r) = self.gauge.reserve(class, tokens) {
-            let (counter, by_class) = match r.bound {
-                QueueBound::Requests => (
-                    &self.metrics.rejected_queue_full,
-                    &counters.rejected_queue_full,
-                ),
-                QueueBound::Tokens => (
-                    &self.metrics.rejected_token_budget,
-                    &counters.rejected_token_budget,
-                ),
-            };
-            counter.fetch_add(1, Ordering::Relaxed);
-            by_class.fetch_add(1, Ordering::Relaxed);
-            let own_s = tokens as f64 / r.rates.prefill_tok_s
-                + job.gen.max_tokens as f64 / r.rates.decode_tok_s;
-            let wait = self.gauge.promise(class, own_s);
-            let retry_after_ms = wait.as_millis() as u64;
-            return Err(Refused::QueueFull(QueueFull {
-                bound: r.bound,
-                class,
-                queued: r.waiting,
-                queue_depth_max: r.bounds.queue_depth_max,
-                queued_tokens: r.waiting_tokens,
-                queued_tokens_max: r.bounds.queued_tokens_max,
-                prompt_tokens: tokens,
-                retry_after_ms,
-                retry_after_s: retry_after_ms.div_ceil(1000).max(RETRY_AFTER_S_MIN),
-            }));
+            return Err(self.refused(class, r, tokens, job.gen.max_tokens));
         }
         match self.tx[class.index()].try_send(job) {
             Ok(()) => {

@@ -108,9 +108,12 @@ pub struct ServeArgs {
     #[argh(option)]
     pub step_tokens: Option<usize>,
     /// queueing budget for time to first token, in ms: the queue holds what this
-    /// machine serves in that time (Little's law) (default: 5000)
-    #[argh(option, default = "5000")]
-    pub queue_wait_ms: u64,
+    /// machine serves in that time (Little's law); given explicitly, it is also
+    /// a deadline: a request that waited past half of it starts only if its
+    /// first token can still come within it (default: 5000, which sizes the
+    /// queue only)
+    #[argh(option)]
+    pub queue_wait_ms: Option<u64>,
     /// queueing budget for time to first token of batch requests (X-Priority:
     /// batch), in ms: their own queue, bound and sojourn target follow from it
     /// (default: 60000)
@@ -155,9 +158,10 @@ pub struct ServeArgs {
     /// prompt tokens that may wait for a slot, instead of mu_prefill x W_max
     #[argh(option)]
     pub queued_tokens_max: Option<usize>,
-    /// sojourn target in ms (CoDel): shed while requests wait longer than this for
-    /// a whole interval (default: half of --queue-wait-ms; batch requests: half
-    /// of --batch-queue-wait-ms)
+    /// sojourn target in ms (CoDel): not ready while requests wait longer than
+    /// this; given explicitly (or with --queue-wait-ms), also shed while they
+    /// do for a whole interval (default: half of --queue-wait-ms; batch
+    /// requests: half of --batch-queue-wait-ms)
     #[argh(option)]
     pub shed_target_ms: Option<u64>,
     /// interval in ms over which the sojourn must stay above target before

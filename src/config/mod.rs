@@ -54,6 +54,9 @@ pub const FDS_PER_CONNECTION: usize = 3;
 pub const FDS_RESERVED: usize = 64;
 /// Longest duration a millisecond flag may give (W_max, timeouts): an hour.
 pub const DURATION_MS_MAX: u64 = 3_600_000;
+/// W_max when `--queue-wait-ms` is not given: how much waiting the queue at
+/// the door holds (README, "Why W_max is 5 s").
+pub const QUEUE_WAIT_MS_DEFAULT: u64 = 5_000;
 /// Longest `--drain-notice-ms`: ten minutes; a load balancer checks readiness
 /// every few seconds.
 pub const DRAIN_NOTICE_MS_MAX: u64 = 600_000;
@@ -121,6 +124,10 @@ impl Config {
             typical: self.typical,
             queue_wait: self.queue_wait(class),
             queue_depth: self.queue_depth,
+            queue_depth_min: match class {
+                Class::Interactive => self.parallel,
+                Class::Batch => self.batch_slots(),
+            },
             queued_tokens_max: self.queued_tokens_max,
         }
     }
@@ -196,8 +203,13 @@ pub struct Config {
     pub api_keys: Option<KeyFile>,
     /// The operator's queue depth, instead of the derived one.
     pub queue_depth: Option<usize>,
-    /// CoDel's sojourn target and interval; `None` with `--no-shed`.
+    /// CoDel's sojourn target and interval (readiness, and shedding with
+    /// `shed_late`); `None` with `--no-shed`.
     pub shed: Option<(Duration, Duration)>,
+    /// Requests that waited too long are refused at dequeue (CoDel, and the
+    /// first token's forecast against W_max): only when the operator gave a
+    /// budget (`--queue-wait-ms`, `--shed-target-ms`, `--shed-interval-ms`).
+    pub shed_late: bool,
     /// The operator's queued-token budget, instead of the derived one.
     pub queued_tokens_max: Option<usize>,
     /// Rates given on the command line; `None` means calibrate at start-up.
@@ -268,7 +280,8 @@ impl Config {
                 }
             })?;
         }
-        check_range("--queue-wait-ms", a.queue_wait_ms, 1, DURATION_MS_MAX)?;
+        let queue_wait_ms = a.queue_wait_ms.unwrap_or(QUEUE_WAIT_MS_DEFAULT);
+        check_range("--queue-wait-ms", queue_wait_ms, 1, DURATION_MS_MAX)?;
         check_range(
             "--batch-queue-wait-ms",
             a.batch_queue_wait_ms,
@@ -335,8 +348,8 @@ impl Config {
         let shed = if a.no_shed {
             None
         } else {
-            let target = a.shed_target_ms.unwrap_or(a.queue_wait_ms / 2).max(1);
-            let interval = a.shed_interval_ms.unwrap_or(a.queue_wait_ms).max(1);
+            let target = a.shed_target_ms.unwrap_or(queue_wait_ms / 2).max(1);
+            let interval = a.shed_interval_ms.unwrap_or(queue_wait_ms).max(1);
             Some((
                 Duration::from_millis(target),
                 Duration::from_millis(interval),
@@ -456,7 +469,7 @@ impl Config {
             flash_attn,
             step_tokens: a.step_tokens,
             itl_target: Duration::from_millis(a.itl_target_ms),
-            queue_wait: Duration::from_millis(a.queue_wait_ms),
+            queue_wait: Duration::from_millis(queue_wait_ms),
             batch_queue_wait: Duration::from_millis(a.batch_queue_wait_ms),
             interactive_slots,
             batch_every: a.batch_every,
@@ -466,6 +479,13 @@ impl Config {
             api_keys,
             queue_depth: a.queue_depth,
             shed,
+            // Only an operator's explicit budget turns a wait into a refusal:
+            // the default W_max sizes the queue, and a request admitted into
+            // it is served unless its own deadline passes.
+            shed_late: !a.no_shed
+                && (a.queue_wait_ms.is_some()
+                    || a.shed_target_ms.is_some()
+                    || a.shed_interval_ms.is_some()),
             queued_tokens_max: a.queued_tokens_max.filter(|&n| n > 0),
             rates,
             rates_fixed: a.mu_fixed,

@@ -196,8 +196,12 @@ impl Engine {
         };
         let sojourn = now.saturating_duration_since(job.enqueued_at);
         let shed = self.cfg.shed[class.index()];
+        // CoDel hears every dequeue (readiness follows it), but refuses only
+        // under the operator's budget: a closed loop of patient clients
+        // stands in the queue by design, and is served.
         let codel = self.codel[class.index()].as_mut();
-        if let Some(Verdict::Shed) = codel.map(|c| c.on_dequeue(sojourn, now)) {
+        let verdict = codel.map(|c| c.on_dequeue(sojourn, now));
+        if verdict == Some(Verdict::Shed) && self.cfg.shed_late {
             let message = format!(
                 "shed: {} requests have waited over the {} ms target for a whole interval (this one {} ms)",
                 class.as_str(),
@@ -213,7 +217,7 @@ impl Engine {
         // than the sojourn target is judged on its own prefill, and only once
         // it has waited past the target: its first token is late by its size,
         // not by the queue.
-        if let Some((target, _)) = shed {
+        if let Some((target, _)) = shed.filter(|_| self.cfg.shed_late) {
             let w_max = self.cfg.queue_wait[class.index()];
             let p = match awaits_prompt_of {
                 Some(_) => 1,

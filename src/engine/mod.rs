@@ -75,6 +75,10 @@ pub struct EngineConfig {
     /// CoDel's sojourn target and interval per class; `None` sheds nothing
     /// (`--no-shed`).
     pub shed: [Option<(Duration, Duration)>; Class::COUNT],
+    /// Whether a request that waited too long is refused at dequeue (CoDel's
+    /// verdict, the first token's forecast against W_max): only under an
+    /// operator's explicit budget. Otherwise the target only tells readiness.
+    pub shed_late: bool,
     /// Slots batch requests may hold at most (`--parallel` minus
     /// `--interactive-slots`).
     pub batch_slots: usize,
@@ -621,7 +625,9 @@ impl Engine {
             _ => false,
         };
         let above = left_above || head_above;
-        self.metrics.shedding.store(shedding, Ordering::Relaxed);
+        self.metrics
+            .shedding
+            .store(shedding && self.cfg.shed_late, Ordering::Relaxed);
         self.metrics
             .sojourn_above_target
             .store(above, Ordering::Relaxed);

@@ -192,6 +192,9 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
         }
     };
     tags.push_str(&format!(" client={}", client.label));
+    if let Err(e) = super::request::at_the_door(state, &req) {
+        return fail(req, &tags, e);
+    }
     let probe = req.take_peer_socket();
     let prepared = (|| {
         let Some(pooling) = state.pooling else {
@@ -212,6 +215,10 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
             crate::priority::Class::Interactive => state.seq_tokens_max,
         };
         let (prompt, ends) = tokens(state, &valid.inputs, n_ctx)?;
+        state
+            .metrics
+            .prompts_tokenized
+            .fetch_add(1, Ordering::Relaxed);
         Ok((pooling, timeout_ms, class, valid, prompt, ends))
     })();
     let (pooling, timeout_ms, class, valid, prompt, ends) = match prepared {

@@ -251,6 +251,18 @@ impl ApiError {
                 bound: QueueBound::Tokens,
                 queued_tokens,
                 queued_tokens_max,
+                prompt_tokens: 0,
+                retry_after_s,
+                ..
+            }) => format!(
+                "server is at capacity: {queued_tokens} prompt tokens are waiting, the most this server \
+                 queues (its queued-token budget is {queued_tokens_max}); estimated wait \
+                 {retry_after_s} s, retry after that"
+            ),
+            ApiError::QueueFull(QueueFull {
+                bound: QueueBound::Tokens,
+                queued_tokens,
+                queued_tokens_max,
                 prompt_tokens,
                 retry_after_s,
                 ..

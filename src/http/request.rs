@@ -62,6 +62,12 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     // The log names the client (its key's name, never the key; or its
     // address) and the class once they are known.
     let mut tags = format!(" id={} client={}", super::request_id(&req), client.label);
+    // A full queue refuses at the door: no body read, no template, no tokens.
+    if let Err(e) = at_the_door(state, &req) {
+        log_request(&path, &tags, t0, &outcome_of_error(&e));
+        respond_error(req, &e);
+        return;
+    }
     let prepared = caller_timeout_ms(&req, state.cfg.request_timeout_ms).and_then(|timeout_ms| {
         let class = priority_class(&req)?;
         let (valid, prompt) = prepare(state, &mut req, api)?;
@@ -354,6 +360,16 @@ pub(super) fn caller_timeout_ms(req: &Request, ceiling_ms: u64) -> Result<u64, A
     }
 }
 
+/// The queue's state alone, before the body is read: a request of its class
+/// that would be refused whatever its prompt is refused now (a bad
+/// `X-Priority` is left for validation to answer).
+pub(super) fn at_the_door(state: &AppState, req: &Request) -> Result<(), ApiError> {
+    match priority_class(req) {
+        Ok(class) => state.admission.precheck(class).map_err(ApiError::from),
+        Err(_) => Ok(()),
+    }
+}
+
 /// Caps, reads and validates the body, and counts the prompt in tokens.
 fn prepare(
     state: &AppState,
@@ -366,6 +382,10 @@ fn prepare(
         .prompter
         .tokens(&valid.input, &valid.tools)
         .map_err(|m| ApiError::invalid(valid.input.param(), m))?;
+    state
+        .metrics
+        .prompts_tokenized
+        .fetch_add(1, Ordering::Relaxed);
     if prompt.is_empty() {
         return Err(ApiError::invalid(
             "prompt",

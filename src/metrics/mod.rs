@@ -97,6 +97,12 @@ pub struct Metrics {
     pub rejected_queue_full: AtomicU64,
     /// Requests refused because their prompt would break the queued-token budget.
     pub rejected_token_budget: AtomicU64,
+    /// Of the queue-full and token-budget refusals, those decided at the door
+    /// from the queue's state alone: before the body was read, templated or
+    /// tokenized.
+    pub rejected_before_parsing: AtomicU64,
+    /// Prompts templated and tokenized (completions, chat, embeddings).
+    pub prompts_tokenized: AtomicU64,
     /// Requests refused by validation (4xx).
     pub invalid: AtomicU64,
     /// Requests that ended with a complete response.
@@ -178,6 +184,8 @@ impl Default for Metrics {
             accepted: AtomicU64::new(0),
             rejected_queue_full: AtomicU64::new(0),
             rejected_token_budget: AtomicU64::new(0),
+            rejected_before_parsing: AtomicU64::new(0),
+            prompts_tokenized: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             cancelled: Default::default(),
@@ -388,6 +396,18 @@ impl Metrics {
             self.classes.iter().map(|c| l(&c.rate_limited)).sum::<u64>(),
             l(&self.unauthorized),
             l(&self.forbidden)
+        );
+        counter(
+            &mut out,
+            "sluice_requests_rejected_before_parsing_total",
+            "Queue-full and token-budget refusals decided from the queue's state before the body was read or tokenized.",
+            l(&self.rejected_before_parsing),
+        );
+        counter(
+            &mut out,
+            "sluice_prompts_tokenized_total",
+            "Request prompts templated and tokenized.",
+            l(&self.prompts_tokenized),
         );
         counter(
             &mut out,

@@ -449,3 +449,166 @@ fn the_queue_bound_follows_the_rates_measured_online() {
         "L_max {depth} = ceil(mu_req {mu_req} x W_max {w})"
     );
 }
+
+#[test]
+fn a_closed_loop_within_the_slots_and_the_queue_bound_is_never_refused() {
+    // Told the box does 5 tokens/s: Little's law alone gives L_max = 1, and
+    // the floor of one waiting request per slot makes it 2. No budget is
+    // given (no --queue-wait-ms, no --shed-target-ms), so nothing that got
+    // into the queue is shed, however long it waits there. The token budget
+    // is lifted: this test is about the count bound and shedding.
+    let srv = Server::start(&[
+        "--parallel",
+        "2",
+        "--mu-prefill",
+        "5",
+        "--mu-decode",
+        "5",
+        "--mu-fixed",
+        "--queued-tokens-max",
+        "100000",
+    ]);
+    assert_eq!(srv.metric("sluice_queue_depth_max"), 2.0);
+    // A closed loop of slots + L_max = 4 clients, each sending its next
+    // request when the last one is answered: 2 run and 2 wait, each for
+    // about a whole answer of 300 tokens, over the 2.5 s sojourn target on
+    // most boxes.
+    let clients = 4;
+    let per_client = 3;
+    let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (peak, done) = (Arc::clone(&peak), Arc::clone(&done));
+        let addr = srv.addr;
+        std::thread::spawn(move || {
+            use std::sync::atomic::Ordering;
+            while !done.load(Ordering::Relaxed) {
+                let r = request(addr, "GET", "/metrics", None, &[]);
+                let text = String::from_utf8_lossy(&r.body).into_owned();
+                let depth = metric_value(&text, "sluice_queue_depth") as usize;
+                peak.fetch_max(depth, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        })
+    };
+    let handles: Vec<_> = (0..clients)
+        .map(|c| {
+            let addr = srv.addr;
+            std::thread::spawn(move || {
+                (0..per_client)
+                    .map(|i| {
+                        let body = json!({"prompt": format!("Client {c}, request {i}: count."), "max_tokens": 300, "ignore_eos": true});
+                        let r = post_json(addr, "/v1/completions", &body);
+                        (r.status, String::from_utf8_lossy(&r.body).into_owned())
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let results: Vec<(u16, String)> = handles
+        .into_iter()
+        .flat_map(|h| h.join().expect("client"))
+        .collect();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    watcher.join().expect("watcher");
+    for (status, body) in &results {
+        assert_eq!(*status, 200, "{body}");
+    }
+    assert_eq!(results.len(), clients * per_client);
+    assert_eq!(
+        srv.metric("sluice_requests_rejected_total{reason=\"queue_full\"}"),
+        0.0
+    );
+    assert_eq!(
+        srv.metric("sluice_requests_dropped_total{reason=\"shed_sojourn\"}")
+            + srv.metric("sluice_requests_dropped_total{reason=\"shed_ttft_budget\"}"),
+        0.0
+    );
+    // (At a turnover a third may wait a moment for the slot just freed.)
+    assert!(
+        peak.load(std::sync::atomic::Ordering::Relaxed) >= 2,
+        "two requests waited at once: the queue was used to its bound"
+    );
+    assert!(
+        srv.log().contains("shedding: none at dequeue"),
+        "{}",
+        srv.log()
+    );
+}
+
+#[test]
+fn a_full_queue_refuses_at_the_door_before_reading_or_tokenizing() {
+    // One slot, one queued request: the third request finds the queue full.
+    let srv = Server::start(&[
+        "--parallel",
+        "1",
+        "--queue-depth",
+        "1",
+        "--mu-prefill",
+        "200",
+        "--mu-decode",
+        "150",
+        "--mu-fixed",
+        "--no-shed",
+    ]);
+    let running = occupy_a_slot(&srv);
+    let queued = {
+        let addr = srv.addr;
+        let body = json!({"prompt": "Say hi.", "max_tokens": 2});
+        std::thread::spawn(move || post_json(addr, "/v1/completions", &body))
+    };
+    wait_until(Duration::from_secs(60), "a request to queue", || {
+        srv.metric("sluice_queue_depth") == 1.0
+    });
+    let tokenized = srv.metric("sluice_prompts_tokenized_total");
+    let before_parsing = srv.metric("sluice_requests_rejected_before_parsing_total");
+    let n = 20;
+    for i in 0..n {
+        let body = json!({"prompt": format!("Refused {i}: {}", long_prompt(20)), "max_tokens": 8});
+        let path = if i % 2 == 0 {
+            "/v1/completions"
+        } else {
+            "/v1/embeddings"
+        };
+        let body = if i % 2 == 0 {
+            body
+        } else {
+            json!({"input": "Refused too."})
+        };
+        let r = post_json(srv.addr, path, &body);
+        assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
+        assert!(r.header("Retry-After").is_some());
+        assert_eq!(r.body_json()["error"]["code"], "queue_full");
+    }
+    // A chat with a body that would not even parse is refused the same way:
+    // the body was never read.
+    let r = request(
+        srv.addr,
+        "POST",
+        "/v1/chat/completions",
+        Some(&b"{not json"[..]),
+        &[("Content-Type", "application/json")],
+    );
+    assert_eq!(r.status, 429);
+    assert_eq!(
+        srv.metric("sluice_prompts_tokenized_total"),
+        tokenized,
+        "no refused prompt was tokenized"
+    );
+    assert_eq!(
+        srv.metric("sluice_requests_rejected_before_parsing_total") - before_parsing,
+        (n + 1) as f64
+    );
+    drop(running);
+    assert_eq!(queued.join().expect("client").status, 200);
+    // With room again, a request is read and tokenized as usual.
+    let r = srv.post(
+        "/v1/completions",
+        &json!({"prompt": "Say hi.", "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        srv.metric("sluice_prompts_tokenized_total"),
+        tokenized + 1.0
+    );
+}
