@@ -1,6 +1,7 @@
 //! Start-up: parse the command line, load the model, wire the stages together.
 
 use crate::admission::{Admission, Rates};
+use crate::calibration_cache::Kept;
 use crate::config::{Cli, Command, Config, FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
@@ -94,7 +95,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     // The engine thread creates the context: ggml pins the creating thread as its
     // worker 0, and the workers it starts inherit the name the thread has then.
     // It calibrates, reports, and waits for its queue, which is sized from that.
-    type Ready = Result<(usize, Option<Calibration>, Arc<ffi::AbortWatch>), String>;
+    type Ready = Result<Started, String>;
     let (ready_tx, ready_rx) = bounded::<Ready>(1);
     let (queue_tx, queue_rx) = bounded::<engine::Wiring>(1);
     let engine_cfg = EngineConfig {
@@ -115,8 +116,17 @@ fn serve(cfg: Config) -> Result<(), String> {
         save_s_per_run: None,
         kv_layout: cfg.kv_layout,
     };
-    let calibrate = cfg.rates.is_none();
+    let calibrate = cfg.rates.is_none() || cfg.calibrate_only;
     let (flash_attn, kv_type) = (cfg.flash_attn, cfg.kv_type);
+    let kept = Kept::look_up(&cfg, n_ctx);
+    let (cached_pairing, cached_calibration) = match kept.as_ref().and_then(|k| k.entry.as_ref()) {
+        Some(e) => (
+            e.pairing().map(|p| (p, e.attention_measured)),
+            e.calibration().filter(|_| calibrate),
+        ),
+        None => (None, None),
+    };
+    let measure_now = cfg.calibrate_only;
     let engine_thread = {
         let model = Arc::clone(&model);
         let metrics = Arc::clone(&metrics);
@@ -144,10 +154,13 @@ fn serve(cfg: Config) -> Result<(), String> {
                     kv_type: KvType::F16,
                 };
                 let candidates = attention_candidates(flash_attn, kv_type);
-                (params.flash_attn, params.kv_type) = match candidates[..] {
-                    [only] => only,
-                    _ => measure_attention(&model, &params, &candidates),
+                let (pairing, measured) = match (&candidates[..], cached_pairing) {
+                    ([only], _) => (*only, false),
+                    _ if measure_now => (measure_attention(&model, &params, &candidates), true),
+                    (_, Some(kept)) => kept,
+                    _ => (candidates[0], false),
                 };
+                (params.flash_attn, params.kv_type) = pairing;
                 let ctx = Context::new(Arc::clone(&model), &params);
                 ffi::set_current_thread_name("sluice-engine");
                 let mut ctx = match ctx {
@@ -157,7 +170,9 @@ fn serve(cfg: Config) -> Result<(), String> {
                         return;
                     }
                 };
-                let calibration = if calibrate {
+                let calibration = if let Some(c) = cached_calibration {
+                    Some(c)
+                } else if calibrate {
                     match start_up_calibration(&model, &mut ctx, &engine_cfg) {
                         Ok(c) => Some(c),
                         Err(e) => {
@@ -174,7 +189,14 @@ fn serve(cfg: Config) -> Result<(), String> {
                     KvLayout::Unified => ctx.n_ctx(),
                     KvLayout::PerSequence => ctx.n_ctx_seq(),
                 });
-                let _ = ready_tx.send(Ok((n_ctx, calibration, ctx.abort_handle())));
+                let started = Started {
+                    n_ctx,
+                    calibration,
+                    engine_stop: ctx.abort_handle(),
+                    pairing,
+                    measured,
+                };
+                let _ = ready_tx.send(Ok(started));
                 let engine_cfg = EngineConfig {
                     save_s_per_run: calibration.and_then(|c| c.save_s_per_run),
                     ..engine_cfg
@@ -185,18 +207,53 @@ fn serve(cfg: Config) -> Result<(), String> {
             })
             .map_err(|e| format!("cannot start the engine thread: {e}"))?
     };
-    notifier.notify(if calibrate {
-        "STATUS=calibrating: timing attention and KV types, prefill and decode rates"
-    } else {
-        "STATUS=timing attention and KV types (rates from --rates)"
+    notifier.notify(match (cached_calibration.is_some(), calibrate) {
+        (true, _) => "STATUS=starting: rates from the calibration cache",
+        (false, true) => "STATUS=calibrating: prefill and decode rates",
+        (false, false) => "STATUS=starting (rates from --mu-prefill and --mu-decode)",
     });
-    let (n_ctx, calibration, engine_stop) = ready_rx
+    let Started {
+        n_ctx,
+        calibration,
+        engine_stop,
+        pairing,
+        measured,
+    } = ready_rx
         .recv()
         .map_err(|_| "the engine thread died while starting".to_string())??;
+    let from_cache = cached_calibration.is_some() && calibration == cached_calibration;
+    let kept = kept.map(|k| k.report(pairing, measured, calibration.as_ref(), from_cache));
+    if cfg.calibrate_only {
+        if let Some(c) = calibration {
+            crate::say!(
+                "sluice: calibrate-only: prefill {:.0} tok/s; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}; done",
+                c.prefill_tok_s, c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel
+            );
+        }
+        return Ok(());
+    }
 
     let (rates, cost) = match (cfg.rates, calibration) {
         (Some(r), _) if cfg.rates_fixed => (r, CostModel::from_rates(r, cfg.parallel).frozen()),
         (Some(r), _) => (r, CostModel::from_rates(r, cfg.parallel)),
+        (_, Some(c)) if from_cache => {
+            crate::say!(
+                "sluice: calibration: from the cache: prefill {:.0} tok/s; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {} (refined online from here)",
+                c.prefill_tok_s, c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel
+            );
+            (
+                Rates {
+                    prefill_tok_s: c.prefill_tok_s,
+                    decode_tok_s: c.decode_tok_s_parallel,
+                },
+                CostModel::from_calibration(
+                    c.prefill_tok_s,
+                    c.decode_tok_s_batch_1,
+                    c.decode_tok_s_parallel,
+                    c.parallel,
+                ),
+            )
+        }
         (None, Some(c)) => {
             crate::say!(
                 "sluice: calibration ({:.1} s): prefill {:.0} tok/s in {}-token chunks; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}{}",
@@ -416,7 +473,22 @@ fn serve(cfg: Config) -> Result<(), String> {
         }
     }
     drain(&state, &notifier, &engine_stop, drain_notice, drain_timeout);
+    // The rates the engine refined from its steps are the next start's.
+    if let (Some(kept), Some(c)) = (kept, calibration) {
+        let (rates, _) = state.queue.snapshot();
+        kept.keep_refined(&c, rates.prefill_tok_s, rates.decode_tok_s);
+    }
     Ok(())
+}
+
+/// What the engine thread hands back once its context is made and measured.
+struct Started {
+    n_ctx: usize,
+    calibration: Option<Calibration>,
+    engine_stop: Arc<ffi::AbortWatch>,
+    pairing: (FlashAttn, KvType),
+    /// The pairing was chosen by timing the candidates (now or before).
+    measured: bool,
 }
 
 /// How often the main thread looks at signals, the engine and the drain.
@@ -485,7 +557,10 @@ fn drain(
 /// token in 35 s against 49 s with f16, while start-up's timing at depth 384
 /// saw 5-10 %). With flash attention, f16 and q8_0 for both; a quantized V
 /// cache only exists with it.
-fn attention_candidates(fa: FlashAttnSetting, kv: KvTypeSetting) -> Vec<(FlashAttn, KvType)> {
+pub(crate) fn attention_candidates(
+    fa: FlashAttnSetting,
+    kv: KvTypeSetting,
+) -> Vec<(FlashAttn, KvType)> {
     let fa = match fa {
         FlashAttnSetting::Fixed(f) => vec![f],
         FlashAttnSetting::Measure => vec![FlashAttn::Off, FlashAttn::On],
@@ -515,14 +590,7 @@ fn measure_attention(
         FLASH_ATTN_DEPTH_TOKENS,
     };
     let started = Instant::now();
-    let name = |(f, k): (FlashAttn, KvType)| {
-        let f = match f {
-            FlashAttn::Off => "off",
-            FlashAttn::On => "on",
-            FlashAttn::Auto => "auto",
-        };
-        format!("{f}/{}", k.name())
-    };
+    let name = crate::calibration_cache::pairing_name;
     let timing = |(flash_attn, kv_type), give_up_s| -> Result<AttentionTiming, String> {
         let p = ContextParams {
             n_ctx: (FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS + 64) as u32,

@@ -16,6 +16,7 @@ mod admission;
 pub mod app;
 mod auth;
 mod calibrate;
+mod calibration_cache;
 mod config;
 mod embed;
 mod engine;

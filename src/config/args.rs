@@ -260,6 +260,17 @@ pub struct ServeArgs {
     /// ceilings, 9 each or --queue-depth, + 4 for /health and /metrics)
     #[argh(option)]
     pub http_threads: Option<usize>,
+    /// file that keeps what start-up measured (the flash attention/KV type
+    /// pairing, the rates) for the next start on this CPU, model, build and
+    /// settings, or off (default: calibration.json in $CACHE_DIRECTORY under
+    /// systemd, else in $XDG_CACHE_HOME/sluice or ~/.cache/sluice)
+    #[argh(option)]
+    pub calibration_cache: Option<String>,
+    /// time every flash attention/KV type pairing the flags leave open and
+    /// the rates, for these settings; keep them in the calibration cache and
+    /// exit (the long measurement, ahead of the next start)
+    #[argh(switch)]
+    pub calibrate_only: bool,
     /// ggml worker polling level after a pass, 0 to 100 (default: 50)
     #[argh(option, default = "50")]
     pub poll: u32,

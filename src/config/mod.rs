@@ -203,6 +203,11 @@ pub struct Config {
     pub api_keys: Option<KeyFile>,
     /// The operator's queue depth, instead of the derived one.
     pub queue_depth: Option<usize>,
+    /// Where start-up's measurements are kept (`--calibration-cache`); `None`:
+    /// off.
+    pub calibration_cache: Option<PathBuf>,
+    /// `--calibrate-only`: measure, keep, exit.
+    pub calibrate_only: bool,
     /// CoDel's sojourn target and interval (readiness, and shedding with
     /// `shed_late`); `None` with `--no-shed`.
     pub shed: Option<(Duration, Duration)>,
@@ -452,7 +457,21 @@ impl Config {
                 .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
                 .unwrap_or_else(|| "model".into())
         });
+        let calibration_cache = match a.calibration_cache.as_deref() {
+            Some("off") => None,
+            Some("") => return Err("--calibration-cache is empty; give a file, or off".into()),
+            Some(path) => Some(PathBuf::from(path)),
+            None => crate::calibration_cache::default_path(|k| std::env::var(k).ok()),
+        };
+        if a.calibrate_only && calibration_cache.is_none() {
+            return Err(
+                "--calibrate-only keeps its measurements in the calibration cache: give --calibration-cache FILE"
+                    .into(),
+            );
+        }
         Ok(Config {
+            calibration_cache,
+            calibrate_only: a.calibrate_only,
             model: a.model,
             model_name,
             chat_template_file: a.chat_template_file,

@@ -34,6 +34,12 @@ pub fn model_path() -> PathBuf {
     p
 }
 
+/// The calibration cache the suite's servers share (a test may give its own
+/// with `--calibration-cache`, which wins over the environment).
+pub fn suite_calibration_cache() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("calibration.json")
+}
+
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_sluice")
 }
@@ -71,6 +77,9 @@ impl Server {
             .arg(model_path())
             .args(["--port", "0"])
             .args(args)
+            // One calibration cache for the suite's servers, not the user's:
+            // a server measures the rates once, later ones start from them.
+            .env("SLUICE_CALIBRATION_CACHE", suite_calibration_cache())
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

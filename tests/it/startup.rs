@@ -61,10 +61,31 @@ fn a_bad_model_file_is_a_clear_error_not_a_crash() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A calibration cache of the test's own, empty.
+fn own_cache(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("sluice-it-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir.join("calibration.json")
+}
+
 #[test]
-fn flash_attention_is_measured_at_start_up_unless_it_is_set() {
-    let srv = Server::start(&[]);
-    let log = srv.log();
+fn flash_attention_is_measured_ahead_of_time_kept_and_used_unless_it_is_set() {
+    let cache = own_cache("attention");
+    let cache_arg = cache.to_str().expect("path");
+    // The long measurement, ahead of time: it times, keeps and exits.
+    let out = Command::new(binary())
+        .args([
+            "serve",
+            "--calibrate-only",
+            "--calibration-cache",
+            cache_arg,
+            "--model",
+        ])
+        .arg(model_path())
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{log}");
     let line = log
         .lines()
         .find(|l| l.starts_with("sluice: attention: "))
@@ -79,12 +100,31 @@ fn flash_attention_is_measured_at_start_up_unless_it_is_set() {
             && line.contains("on/q8_0 "),
         "{line}"
     );
+    let chosen = line
+        .split("flash attention/KV type ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .expect("the chosen pairing")
+        .to_string();
+    assert!(log.contains("sluice: calibrate-only: prefill "), "{log}");
+    assert!(!log.contains("listening on"), "{log}");
+    // A start with the same settings takes the pairing kept, without timing.
+    let srv = Server::start(&["--calibration-cache", cache_arg]);
+    let log = srv.log();
+    assert!(
+        log.contains(&format!(
+            "sluice: attention: flash attention/KV type {chosen} (measured before, from the calibration cache"
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("measured in"), "{log}");
     let r = srv.post(
         "/v1/completions",
         &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0}),
     );
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     drop(srv);
+    let _ = std::fs::remove_dir_all(cache.parent().expect("dir"));
 
     let srv = Server::start(&["--flash-attn", "off", "--kv-type", "q8_0/f16"]);
     assert!(
@@ -97,4 +137,70 @@ fn flash_attention_is_measured_at_start_up_unless_it_is_set() {
         &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0}),
     );
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+#[test]
+fn a_cached_calibration_is_used_at_the_next_start_then_corrected_online_and_kept() {
+    let cache = own_cache("rates");
+    let cache_arg = cache.to_str().expect("path");
+    // First start: nothing kept, so the rates are measured, and kept.
+    let mut srv = Server::start(&["--calibration-cache", cache_arg]);
+    assert!(srv.log().contains("sluice: calibration ("), "{}", srv.log());
+    assert!(
+        srv.log().contains("calibration cache: kept in"),
+        "{}",
+        srv.log()
+    );
+    srv.signal("TERM");
+    assert_eq!(srv.wait_exit(std::time::Duration::from_secs(120)), Some(0));
+    // Make the kept rates wrong: 5 tokens/s, slower than any box runs this
+    // model, so that the online correction must show.
+    let text = std::fs::read_to_string(&cache).expect("the cache file");
+    let mut v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(v["entries"].as_array().map(Vec::len), Some(1));
+    for field in [
+        "prefill_tok_s",
+        "decode_tok_s_batch_1",
+        "decode_tok_s_parallel",
+    ] {
+        v["entries"][0][field] = json!(5.0);
+    }
+    std::fs::write(&cache, v.to_string()).unwrap();
+
+    // Second start: the kept rates are used as they are, nothing is timed.
+    let mut srv = Server::start(&["--calibration-cache", cache_arg]);
+    let log = srv.log();
+    assert!(
+        log.contains("sluice: calibration: from the cache: prefill 5 tok/s"),
+        "{log}"
+    );
+    assert!(!log.contains("sluice: calibration ("), "{log}");
+    assert_eq!(srv.metric("sluice_mu_prefill_tokens_per_second"), 5.0);
+    assert_eq!(srv.metric("sluice_mu_decode_tokens_per_second"), 5.0);
+    for i in 0..6 {
+        let r = srv.post(
+            "/v1/completions",
+            &json!({"prompt": format!("Request {i}.\n{}", long_prompt(20 + i)), "max_tokens": 64, "ignore_eos": true, "temperature": 0}),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    // Corrected online: the published rates leave the kept ones.
+    wait_until(
+        std::time::Duration::from_secs(300),
+        "the engine to publish the rates it measured",
+        || {
+            srv.metric("sluice_mu_prefill_tokens_per_second") > 5.0
+                && srv.metric("sluice_mu_decode_tokens_per_second") > 5.0
+        },
+    );
+    srv.signal("TERM");
+    assert_eq!(srv.wait_exit(std::time::Duration::from_secs(120)), Some(0));
+    // And the corrected rates are what the next start finds.
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+    let e = &v["entries"][0];
+    assert_eq!(e["refined"], true, "{e}");
+    assert!(e["prefill_tok_s"].as_f64().unwrap() > 5.0, "{e}");
+    assert!(e["decode_tok_s_parallel"].as_f64().unwrap() > 5.0, "{e}");
+    let _ = std::fs::remove_dir_all(cache.parent().expect("dir"));
 }
