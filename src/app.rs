@@ -436,6 +436,8 @@ fn serve(cfg: Config) -> Result<(), String> {
             seq_max.min(cfg.batch_kv_cells(n_ctx))
         },
         limiter: RateLimiter::new(cfg.client_table_max),
+        retries: Default::default(),
+        tarpit: http::Tarpit::start()?,
         http_threads,
         max_connections,
         http_queue_depth,

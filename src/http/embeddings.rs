@@ -192,8 +192,14 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
         }
     };
     tags.push_str(&format!(" client={}", client.label));
-    if let Err(e) = super::request::at_the_door(state, &req) {
-        return fail(req, &tags, e);
+    if let Err((e, hold)) = super::request::at_the_door(state, &req, &client) {
+        return match hold {
+            Some(wait) => {
+                log_request(&path, &tags, t0, &outcome_of_error(&e));
+                state.tarpit.hold(req, e, wait)
+            }
+            None => fail(req, &tags, e),
+        };
     }
     let probe = req.take_peer_socket();
     let prepared = (|| {
@@ -275,7 +281,9 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
     };
     if let Err(refused) = state.admission.submit(job) {
         // Refused for overload: the charge goes back (when `bucket` drops).
-        return fail(req, &tags, ApiError::from(refused));
+        let e = ApiError::from(refused);
+        super::request::note_overload(state, &client, &req, &e, Instant::now());
+        return fail(req, &tags, e);
     }
     // Admitted: the prompt is paid for, whatever becomes of the request.
     if let Some(b) = &mut bucket {

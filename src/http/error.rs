@@ -47,6 +47,11 @@ pub enum ApiError {
     },
     /// Admitting the request would break a queue bound.
     QueueFull(QueueFull),
+    /// The client came back before the Retry-After it was given: it is told
+    /// a longer wait (`http::retry`).
+    RetriedEarly {
+        wait_ms: u64,
+    },
     /// The client's token bucket holds less work than the request costs: a rate
     /// limit on this client, not overload of the server (`rate_limit_exceeded`;
     /// overload is `queue_full`, `queue_token_budget` or a 503).
@@ -125,7 +130,9 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => 405,
             ApiError::BodyTooLarge { .. } => 413,
             ApiError::UnsupportedMediaType { .. } => 415,
-            ApiError::QueueFull(_) | ApiError::RateLimited { .. } => 429,
+            ApiError::QueueFull(_)
+            | ApiError::RetriedEarly { .. }
+            | ApiError::RateLimited { .. } => 429,
             ApiError::Unauthorized { .. } => 401,
             ApiError::Engine { .. } => 500,
             ApiError::Shed { .. } => 503,
@@ -157,6 +164,7 @@ impl ApiError {
                 ..
             }) => "queue_token_budget",
             ApiError::RateLimited { .. } => "rate_limit_exceeded",
+            ApiError::RetriedEarly { .. } => "retried_too_soon",
             ApiError::Unauthorized { .. } => "invalid_api_key",
             ApiError::Engine { .. } => "engine_error",
             ApiError::Shed { reason, .. } => reason.as_str(),
@@ -172,6 +180,7 @@ impl ApiError {
     fn kind(&self) -> &'static str {
         match self {
             ApiError::QueueFull(_)
+            | ApiError::RetriedEarly { .. }
             | ApiError::Shed { .. }
             | ApiError::Draining
             | ApiError::ShuttingDown => "overloaded_error",
@@ -193,6 +202,10 @@ impl ApiError {
             | ApiError::Engine { message }
             | ApiError::Shed { message, .. }
             | ApiError::DeadlineExceeded { message } => message.clone(),
+            ApiError::RetriedEarly { wait_ms } => format!(
+                "server is at capacity, and this client came back before the Retry-After it was \
+                 given; each early retry doubles the wait: retry after {wait_ms} ms"
+            ),
             ApiError::BodyTooLarge { limit, given: Some(n) } => {
                 format!("request body has {n} bytes; the limit is {limit}")
             }
@@ -292,6 +305,7 @@ impl ApiError {
             ApiError::QueueFull(QueueFull { retry_after_s, .. })
             | ApiError::Shed { retry_after_s, .. } => Some(*retry_after_s),
             ApiError::RateLimited { retry_after_s, .. } => *retry_after_s,
+            ApiError::RetriedEarly { wait_ms } => Some(wait_ms.div_ceil(1000).max(1)),
             ApiError::Draining | ApiError::ShuttingDown => Some(DRAIN_RETRY_AFTER_S),
             _ => None,
         }
@@ -373,6 +387,8 @@ impl ApiError {
             ApiError::QueueFull(q) => {
                 Some((q.retry_after_ms as f64 * (0.9 + 0.2 * u.clamp(0.0, 1.0))).floor() as u64)
             }
+            // The wait the ledger keeps: not spread, so that it is kept.
+            ApiError::RetriedEarly { wait_ms } => Some(*wait_ms),
             _ => self.retry_after_s().map(|s| jittered_wait_ms(s, u)),
         }
     }

@@ -19,6 +19,9 @@ mod output;
 pub mod prompt;
 mod reply;
 mod request;
+mod retry;
+
+pub use retry::Tarpit;
 pub mod sse;
 mod status;
 mod tokens;
@@ -102,6 +105,10 @@ pub struct AppState {
     pub batch_seq_tokens_max: usize,
     /// Per-client token buckets.
     pub limiter: RateLimiter,
+    /// The return time each client refused for overload was given.
+    pub retries: retry::RetryLedger,
+    /// Holds the refusals of clients that came back early.
+    pub tarpit: retry::Tarpit,
     /// Set on SIGTERM/SIGINT: not ready (new requests are still served during
     /// `--drain-notice-ms`).
     pub stopping: std::sync::atomic::AtomicBool,

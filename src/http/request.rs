@@ -4,6 +4,7 @@
 //! the reply folded from the engine's events (`reply`).
 
 use super::error::ApiError;
+use super::retry::Caller;
 use super::validation::{self, Api, Format, Input, ValidRequest};
 use super::{log_request, openai, outcome_of_error, reply, respond_error, AppState};
 use crate::admission::{GenParams, Job};
@@ -63,9 +64,12 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     // address) and the class once they are known.
     let mut tags = format!(" id={} client={}", super::request_id(&req), client.label);
     // A full queue refuses at the door: no body read, no template, no tokens.
-    if let Err(e) = at_the_door(state, &req) {
+    if let Err((e, hold)) = at_the_door(state, &req, &client) {
         log_request(&path, &tags, t0, &outcome_of_error(&e));
-        respond_error(req, &e);
+        match hold {
+            Some(wait) => state.tarpit.hold(req, e, wait),
+            None => respond_error(req, &e),
+        }
         return;
     }
     let prepared = caller_timeout_ms(&req, state.cfg.request_timeout_ms).and_then(|timeout_ms| {
@@ -153,6 +157,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
                 c.cancel(CancelReason::Disconnect, 0);
             }
             let e = ApiError::from(refused);
+            note_overload(state, &client, &req, &e, Instant::now());
             // Refused for overload, not for the client's spending: the whole
             // charge goes back (`bucket` drops with all of it unused).
             log_request(&path, &tags, t0, &outcome_of_error(&e));
@@ -360,13 +365,52 @@ pub(super) fn caller_timeout_ms(req: &Request, ceiling_ms: u64) -> Result<u64, A
     }
 }
 
-/// The queue's state alone, before the body is read: a request of its class
-/// that would be refused whatever its prompt is refused now (a bad
+/// Before the body is read: a client that came back before its Retry-After
+/// is refused with a longer wait, to be held back that long (at most
+/// `retry::HOLD_MS_MAX`); and on the queue's state alone, a request of its
+/// class that would be refused whatever its prompt is refused now (a bad
 /// `X-Priority` is left for validation to answer).
-pub(super) fn at_the_door(state: &AppState, req: &Request) -> Result<(), ApiError> {
-    match priority_class(req) {
-        Ok(class) => state.admission.precheck(class).map_err(ApiError::from),
-        Err(_) => Ok(()),
+pub(super) fn at_the_door(
+    state: &AppState,
+    req: &Request,
+    client: &Client,
+) -> Result<(), (ApiError, Option<Duration>)> {
+    let now = Instant::now();
+    let Ok(class) = priority_class(req) else {
+        return Ok(());
+    };
+    let refused = match state.admission.precheck(class) {
+        Ok(()) => return Ok(()),
+        Err(r) => r,
+    };
+    // Only a request that would be refused anyway is judged early: one that
+    // finds room is served, whoever sent it.
+    let caller = Caller::of(client.id, req.remote_addr());
+    if let Some(wait) = state.retries.early(caller, now) {
+        state.metrics.retried_early.fetch_add(1, Ordering::Relaxed);
+        let e = ApiError::RetriedEarly {
+            wait_ms: wait.as_millis() as u64,
+        };
+        return Err((e, Some(wait)));
+    }
+    let e = ApiError::from(refused);
+    note_overload(state, client, req, &e, now);
+    Err((e, None))
+}
+
+/// A refusal for overload is a promise: the caller's return time is kept,
+/// so that coming back earlier is seen.
+pub(super) fn note_overload(
+    state: &AppState,
+    client: &Client,
+    req: &Request,
+    e: &ApiError,
+    now: Instant,
+) {
+    if let ApiError::QueueFull(q) = e {
+        let wait = Duration::from_millis(q.retry_after_ms);
+        let caller = Caller::of(client.id, req.remote_addr());
+        state.retries.promised(caller, wait, now);
     }
 }
 

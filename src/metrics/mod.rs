@@ -103,6 +103,8 @@ pub struct Metrics {
     pub rejected_before_parsing: AtomicU64,
     /// Prompts templated and tokenized (completions, chat, embeddings).
     pub prompts_tokenized: AtomicU64,
+    /// Requests from clients that came back before their Retry-After.
+    pub retried_early: AtomicU64,
     /// Requests refused by validation (4xx).
     pub invalid: AtomicU64,
     /// Requests that ended with a complete response.
@@ -186,6 +188,7 @@ impl Default for Metrics {
             rejected_token_budget: AtomicU64::new(0),
             rejected_before_parsing: AtomicU64::new(0),
             prompts_tokenized: AtomicU64::new(0),
+            retried_early: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             cancelled: Default::default(),
@@ -402,6 +405,12 @@ impl Metrics {
             "sluice_requests_rejected_before_parsing_total",
             "Queue-full and token-budget refusals decided from the queue's state before the body was read or tokenized.",
             l(&self.rejected_before_parsing),
+        );
+        counter(
+            &mut out,
+            "sluice_requests_retried_early_total",
+            "Requests from clients that came back before their Retry-After: refused with a longer wait, held back before the answer.",
+            l(&self.retried_early),
         );
         counter(
             &mut out,

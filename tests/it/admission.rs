@@ -612,3 +612,109 @@ fn a_full_queue_refuses_at_the_door_before_reading_or_tokenizing() {
         tokenized + 1.0
     );
 }
+
+#[test]
+fn a_client_that_retries_before_its_retry_after_waits_longer_and_costs_no_tokenizing() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let srv = Server::start(&[
+        "--parallel",
+        "1",
+        "--queue-depth",
+        "1",
+        "--mu-prefill",
+        "200",
+        "--mu-decode",
+        "150",
+        "--mu-fixed",
+        "--no-shed",
+    ]);
+    let running = occupy_a_slot(&srv);
+    let queued = {
+        let addr = srv.addr;
+        let body = json!({"prompt": "Say hi.", "max_tokens": 2});
+        std::thread::spawn(move || post_json(addr, "/v1/completions", &body))
+    };
+    wait_until(Duration::from_secs(60), "a request to queue", || {
+        srv.metric("sluice_queue_depth") == 1.0
+    });
+    let tokenized = srv.metric("sluice_prompts_tokenized_total");
+    // One keep-alive connection, as the SDKs' pools keep theirs: each try
+    // is sent as soon as the last answer is read, without waiting.
+    let stream = std::net::TcpStream::connect(srv.addr).expect("connect");
+    let mut w = stream.try_clone().expect("clone");
+    let mut r = BufReader::new(stream);
+    let body = json!({"prompt": "Retry me.", "max_tokens": 4}).to_string();
+    let mut try_once = || {
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            srv.addr,
+            body.len()
+        );
+        w.write_all(head.as_bytes()).unwrap();
+        w.write_all(body.as_bytes()).unwrap();
+        let sent = std::time::Instant::now();
+        let (status, headers) = sluice_bench::http::read_head(&mut r).expect("a response");
+        let len: usize = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .map(|(_, v)| v.parse().unwrap())
+            .expect("content-length");
+        let mut buf = vec![0; len];
+        r.read_exact(&mut buf).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&buf).unwrap();
+        let wait_ms: u64 = headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case("retry-after-ms"))
+            .map(|(_, v)| v.parse().unwrap())
+            .expect("retry-after-ms");
+        (status, v, wait_ms, sent.elapsed())
+    };
+    let (status, v, first_wait, _) = try_once();
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["code"], "queue_full", "{v}");
+    // Back at once: refused with a longer wait, and the answer held back
+    // (a lower bound: a slow box only answers later).
+    let (status, v, second_wait, took) = try_once();
+    assert_eq!(status, 429, "{v}");
+    assert_eq!(v["error"]["code"], "retried_too_soon", "{v}");
+    assert!(
+        second_wait > first_wait,
+        "{first_wait} then {second_wait} ms"
+    );
+    assert!(
+        took >= Duration::from_millis(second_wait / 2 - 50),
+        "held {took:?}, told {second_wait} ms"
+    );
+    let (_, v, third_wait, _) = try_once();
+    assert_eq!(v["error"]["code"], "retried_too_soon", "{v}");
+    assert!(
+        third_wait > second_wait,
+        "{second_wait} then {third_wait} ms"
+    );
+    assert_eq!(srv.metric("sluice_requests_retried_early_total"), 2.0);
+    assert_eq!(srv.metric("sluice_prompts_tokenized_total"), tokenized);
+    // Another connection from the same address is another caller: refused
+    // for the full queue, not for this one's haste.
+    let r2 = srv.post(
+        "/v1/completions",
+        &json!({"prompt": "Hi.", "max_tokens": 2}),
+    );
+    assert_eq!(r2.status, 429);
+    assert_eq!(r2.body_json()["error"]["code"], "queue_full");
+    drop(running);
+    assert_eq!(queued.join().expect("client").status, 200);
+    // With room again, even the hasty connection is served at once.
+    let (status, _, _, _) = {
+        let head = format!(
+            "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            srv.addr,
+            body.len()
+        );
+        w.write_all(head.as_bytes()).unwrap();
+        w.write_all(body.as_bytes()).unwrap();
+        let (status, headers) = sluice_bench::http::read_head(&mut r).expect("a response");
+        (status, headers, 0, ())
+    };
+    assert_eq!(status, 200);
+    let _ = r.fill_buf();
+}
