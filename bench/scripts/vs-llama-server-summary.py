@@ -33,7 +33,20 @@ def closed(d, name):
     p = r["result"]["phases"][0]
     ttft = (p.get("ttft") or {}).get("p50_ms")
     return {"tok_s": p["tokens_per_s"], "ttft_p50_ms": ttft, "done": p["outcomes"].get("completed", 0),
-            "requests": p["requests"]}
+            "requests": p["requests"], "refused": p["requests"] - p["outcomes"].get("completed", 0)}
+
+
+def mix(d, name):
+    r = load(os.path.join(d, f"{name}.json"))
+    if r is None:
+        return None
+    p = r["result"]["phases"][0]
+    lat = lambda k, q: (p.get(k) or {}).get(q)
+    refused = sum(v for k, v in p["statuses"].items() if k in ("429", "503"))
+    return {"goodput_rps": p["goodput_rps"], "requests": p["requests"], "refused": refused,
+            "ttft_p50_ms": lat("ttft", "p50_ms"), "ttft_p99_ms": lat("ttft", "p99_ms"),
+            "tpot_p50_ms": lat("tpot", "p50_ms"), "tpot_p99_ms": lat("tpot", "p99_ms"),
+            "refused_within_10ms_share": p.get("refused_within_10ms_share")}
 
 
 def conversation(d):
@@ -75,8 +88,18 @@ for s in SERVERS:
                 for c in [1, 2, 4, 8]:
                     name = f"closed-{prompts}-{sampling}-c{c}"
                     v = closed(d, name)
-                    for k in ["tok_s", "ttft_p50_ms", "done"]:
+                    for k in ["tok_s", "ttft_p50_ms", "done", "refused"]:
                         figures.setdefault(f"{name} {k}", {}).setdefault(s, []).append(v and v[k])
+        for c in [1, 4]:
+            name = f"closed-long-greedy-c{c}"
+            v = closed(d, name)
+            for k in ["tok_s", "ttft_p50_ms", "done", "refused"]:
+                figures.setdefault(f"{name} {k}", {}).setdefault(s, []).append(v and v[k])
+        for name in ["mix-below", "mix-over"]:
+            v = mix(d, name)
+            for k in ["goodput_rps", "requests", "refused", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+                      "tpot_p99_ms", "refused_within_10ms_share"]:
+                figures.setdefault(f"{name} {k}", {}).setdefault(s, []).append(v and v[k])
         conv = conversation(d)
         for t in range(5):
             figures.setdefault(f"conversation turn {t + 1} ttft_ms", {}).setdefault(s, []).append(

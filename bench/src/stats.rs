@@ -137,6 +137,9 @@ pub struct Stats {
     pub itl_short: Histogram<u64>,
     /// Per completed request: (tokens - 1) / decode time, in milli-tokens/s.
     pub decode_rate: Histogram<u64>,
+    /// Per completed request: time per output token after the first, decode
+    /// time / (tokens - 1) (what the goodput SLO's `itl_ms` judges).
+    pub tpot: Histogram<u64>,
 }
 
 fn us(d: Duration) -> u64 {
@@ -160,6 +163,7 @@ impl Stats {
             ttft_short: histogram(),
             itl_short: histogram(),
             decode_rate: histogram(),
+            tpot: histogram(),
         }
     }
 
@@ -190,6 +194,7 @@ impl Stats {
                 let rate = (o.tokens - 1) as f64 / d.as_secs_f64();
                 self.decode_rate
                     .saturating_record(((rate * 1e3) as u64).max(1));
+                self.tpot.saturating_record(us(d / (o.tokens - 1) as u32));
             }
         }
         match o.kind {
@@ -218,6 +223,12 @@ impl Stats {
             json!({"count": h.len(), "p50_ms": ms(0.5), "p90_ms": ms(0.9), "p99_ms": ms(0.99),
                    "max_ms": h.max() as f64 / 1e3, "mean_ms": h.mean() / 1e3})
         };
+        let refused = self.rejection.len() + self.shed.len();
+        let fast = self.rejection.count_between(0, 10_000) + self.shed.count_between(0, 10_000);
+        let refused_fast = match refused {
+            0 => Value::Null,
+            n => json!(fast as f64 / n as f64),
+        };
         let kinds: BTreeMap<&str, u64> =
             self.by_kind.iter().map(|(k, v)| (k.as_str(), *v)).collect();
         let statuses: BTreeMap<String, u64> = self
@@ -238,8 +249,12 @@ impl Stats {
             "slo": {"ttft_ms": self.slo.ttft.as_secs_f64() * 1e3, "itl_ms": self.slo.itl.as_secs_f64() * 1e3},
             "ttft": lat(&self.ttft),
             "itl": lat(&self.itl),
+            "tpot": lat(&self.tpot),
             "e2e": lat(&self.e2e),
             "rejection": lat(&self.rejection),
+            // Refusals (429 and 503) answered within 10 ms of the request's
+            // arrival: a refusal should cost the client no wait.
+            "refused_within_10ms_share": refused_fast,
             "shed": lat(&self.shed),
             "short_requests": {"ttft": lat(&self.ttft_short), "itl": lat(&self.itl_short)},
             "decode_tok_s_per_stream": if self.decode_rate.is_empty() { Value::Null } else {

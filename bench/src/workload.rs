@@ -16,6 +16,15 @@ pub enum Dist {
     Fixed(u64),
     Uniform(u64, u64),
     Exp(f64),
+    /// Log-normal with this median and shape (σ of the log), clamped to
+    /// `[lo, hi]`: request sizes as they arrive at a real service, most
+    /// small and a long tail.
+    LogNormal {
+        median: f64,
+        sigma: f64,
+        lo: u64,
+        hi: u64,
+    },
 }
 
 /// Exponential draws are capped at this multiple of their mean.
@@ -48,8 +57,28 @@ impl Dist {
                     Err(format!("'{s}': the mean must be positive"))
                 }
             }
+            ["lognormal", median, sigma, lo, hi] => {
+                let f = |p: &str| {
+                    p.parse::<f64>()
+                        .map_err(|_| format!("'{p}' in '{s}' is not a number"))
+                };
+                let (median, sigma, lo, hi) = (f(median)?, f(sigma)?, num(lo)?, num(hi)?);
+                if !(median > 0.0 && sigma >= 0.0 && median.is_finite() && sigma.is_finite())
+                    || lo > hi
+                {
+                    return Err(format!(
+                        "'{s}': the median must be positive, sigma not negative, LO <= HI"
+                    ));
+                }
+                Ok(Dist::LogNormal {
+                    median,
+                    sigma,
+                    lo,
+                    hi,
+                })
+            }
             _ => Err(format!(
-                "'{s}': expected fixed:N, uniform:LO:HI or exp:MEAN"
+                "'{s}': expected fixed:N, uniform:LO:HI, exp:MEAN or lognormal:MEDIAN:SIGMA:LO:HI"
             )),
         }
     }
@@ -59,6 +88,18 @@ impl Dist {
             Dist::Fixed(n) => n,
             Dist::Uniform(lo, hi) => rng.range(lo, hi),
             Dist::Exp(mean) => rng.exp(mean).min(mean * EXP_CAP_MEANS).round().max(1.0) as u64,
+            Dist::LogNormal {
+                median,
+                sigma,
+                lo,
+                hi,
+            } => {
+                // Box-Muller: a standard normal from two uniforms.
+                let u1 = rng.next_f64().max(f64::MIN_POSITIVE);
+                let u2 = rng.next_f64();
+                let z = (-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos();
+                ((median * (sigma * z).exp()).round() as u64).clamp(lo.max(1), hi.max(1))
+            }
         }
     }
 }
@@ -261,6 +302,16 @@ mod tests {
     fn distributions_parse_and_stay_in_range() {
         assert_eq!(Dist::parse("64"), Ok(Dist::Fixed(64)));
         assert_eq!(Dist::parse("uniform:16:128"), Ok(Dist::Uniform(16, 128)));
+        assert!(Dist::parse("lognormal:200:1.2:5:4000").is_ok());
+        assert!(Dist::parse("lognormal:0:1:5:4000").is_err());
+        assert!(Dist::parse("lognormal:200:1:500:40").is_err());
+        let d = Dist::parse("lognormal:200:1.2:5:4000").unwrap();
+        let mut rng = Rng::new(7);
+        let mut v: Vec<u64> = (0..4001).map(|_| d.sample(&mut rng)).collect();
+        v.sort_unstable();
+        assert!(v[0] >= 5 && v[4000] <= 4000);
+        // The median of the draws is near the distribution's (within 15 %).
+        assert!((170..=230).contains(&v[2000]), "median {}", v[2000]);
         assert!(Dist::parse("uniform:9:1").is_err());
         assert!(Dist::parse("exp:-3").is_err());
         assert!(Dist::parse("normal:3").is_err());
