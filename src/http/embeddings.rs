@@ -192,7 +192,7 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
         }
     };
     tags.push_str(&format!(" client={}", client.label));
-    if let Err((e, hold)) = super::request::at_the_door(state, &req, &client) {
+    if let Err((e, hold)) = super::request::at_the_door(state, &mut req, &client) {
         return match hold {
             Some(wait) => {
                 log_request(&path, &tags, t0, &outcome_of_error(&e));
@@ -281,9 +281,7 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
     };
     if let Err(refused) = state.admission.submit(job) {
         // Refused for overload: the charge goes back (when `bucket` drops).
-        let e = ApiError::from(refused);
-        super::request::note_overload(state, &client, &req, &e, Instant::now());
-        return fail(req, &tags, e);
+        return fail(req, &tags, ApiError::from(refused));
     }
     // Admitted: the prompt is paid for, whatever becomes of the request.
     if let Some(b) = &mut bucket {

@@ -64,7 +64,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     // address) and the class once they are known.
     let mut tags = format!(" id={} client={}", super::request_id(&req), client.label);
     // A full queue refuses at the door: no body read, no template, no tokens.
-    if let Err((e, hold)) = at_the_door(state, &req, &client) {
+    if let Err((e, hold)) = at_the_door(state, &mut req, &client) {
         log_request(&path, &tags, t0, &outcome_of_error(&e));
         match hold {
             Some(wait) => state.tarpit.hold(req, e, wait),
@@ -157,7 +157,6 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
                 c.cancel(CancelReason::Disconnect, 0);
             }
             let e = ApiError::from(refused);
-            note_overload(state, &client, &req, &e, Instant::now());
             // Refused for overload, not for the client's spending: the whole
             // charge goes back (`bucket` drops with all of it unused).
             log_request(&path, &tags, t0, &outcome_of_error(&e));
@@ -372,7 +371,7 @@ pub(super) fn caller_timeout_ms(req: &Request, ceiling_ms: u64) -> Result<u64, A
 /// `X-Priority` is left for validation to answer).
 pub(super) fn at_the_door(
     state: &AppState,
-    req: &Request,
+    req: &mut Request,
     client: &Client,
 ) -> Result<(), (ApiError, Option<Duration>)> {
     let now = Instant::now();
@@ -384,8 +383,12 @@ pub(super) fn at_the_door(
         Err(r) => r,
     };
     // Only a request that would be refused anyway is judged early: one that
-    // finds room is served, whoever sent it.
-    let caller = Caller::of(client.id, req.remote_addr());
+    // finds room is served, whoever sent it. A retry is the same body again
+    // (read, already whole in memory, and hashed; not parsed).
+    let mut body = Vec::new();
+    let limit = state.cfg.body_bytes_max as u64 + 1;
+    let _ = req.as_reader().take(limit).read_to_end(&mut body);
+    let caller = Caller::of(client.id, &body);
     if let Some(wait) = state.retries.early(caller, now) {
         state.metrics.retried_early.fetch_add(1, Ordering::Relaxed);
         let e = ApiError::RetriedEarly {
@@ -393,25 +396,14 @@ pub(super) fn at_the_door(
         };
         return Err((e, Some(wait)));
     }
+    // A refusal is a promise: the return time is kept, so that coming back
+    // earlier is seen.
     let e = ApiError::from(refused);
-    note_overload(state, client, req, &e, now);
-    Err((e, None))
-}
-
-/// A refusal for overload is a promise: the caller's return time is kept,
-/// so that coming back earlier is seen.
-pub(super) fn note_overload(
-    state: &AppState,
-    client: &Client,
-    req: &Request,
-    e: &ApiError,
-    now: Instant,
-) {
-    if let ApiError::QueueFull(q) = e {
+    if let ApiError::QueueFull(q) = &e {
         let wait = Duration::from_millis(q.retry_after_ms);
-        let caller = Caller::of(client.id, req.remote_addr());
         state.retries.promised(caller, wait, now);
     }
+    Err((e, None))
 }
 
 /// Caps, reads and validates the body, and counts the prompt in tokens.

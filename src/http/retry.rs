@@ -15,12 +15,12 @@
 //! them the refusal goes out at once). Only a request that would be refused
 //! anyway is judged early: one that finds room in the queue is served.
 //!
-//! Who "the client" is: its API key, which it proves; without keys, its
-//! connection (address and port), not its address: many users of an app
-//! server, or behind one NAT, share an address, and one of them refused must
-//! not make the others wait. A retrying client keeps its connection (the
-//! SDKs' pools do); one that opens a new connection per try pays a handshake
-//! for each, and the connection bound (`--max-connections`) holds it.
+//! What counts as a retry: the same request body from the same client (its
+//! API key, or its address), which is what a retrying client sends (the SDKs
+//! re-send the same body). A different request is judged afresh, even on the
+//! same pooled connection: an app server's many users, behind one address and
+//! one connection pool, do not wait for one another. The body is not parsed
+//! for this, only hashed (it was read whole before the handler got it).
 
 use super::error::ApiError;
 use crate::ratelimit::ClientId;
@@ -43,20 +43,22 @@ pub const PENALTY_MS_MAX: u64 = 60_000;
 /// a client is early only before this share of it.
 const EARLY_SHARE: f64 = 0.85;
 
-/// Whom a promised return time was given to.
+/// A request a promised return time was given to: its client and a hash
+/// of its body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Caller {
-    Key(usize),
-    Connection(std::net::SocketAddr),
+pub struct Caller {
+    client: ClientId,
+    body: u64,
 }
 
 impl Caller {
-    /// An API key's holder, or else the connection the request came on.
-    pub fn of(id: ClientId, peer: Option<&std::net::SocketAddr>) -> Caller {
-        match (id, peer) {
-            (ClientId::Key(k), _) => Caller::Key(k),
-            (ClientId::Addr(_), Some(p)) => Caller::Connection(*p),
-            (ClientId::Addr(ip), None) => Caller::Connection((ip, 0).into()),
+    pub fn of(client: ClientId, body: &[u8]) -> Caller {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        body.hash(&mut h);
+        Caller {
+            client,
+            body: h.finish(),
         }
     }
 }
@@ -200,22 +202,24 @@ mod tests {
     use std::net::{IpAddr, Ipv4Addr};
 
     fn client(n: u8) -> Caller {
-        Caller::of(ClientId::Addr(IpAddr::V4(Ipv4Addr::new(10, 0, 0, n))), None)
+        Caller::of(
+            ClientId::Addr(IpAddr::V4(Ipv4Addr::new(10, 0, 0, n))),
+            b"{}",
+        )
     }
 
     #[test]
-    fn a_caller_is_its_key_or_else_its_connection() {
-        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        let a: std::net::SocketAddr = "127.0.0.1:5000".parse().unwrap();
-        let b: std::net::SocketAddr = "127.0.0.1:5001".parse().unwrap();
-        assert_eq!(
-            Caller::of(ClientId::Key(3), Some(&a)),
-            Caller::of(ClientId::Key(3), Some(&b))
+    fn a_retry_is_the_same_body_from_the_same_client() {
+        let ip = ClientId::Addr(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        assert_eq!(Caller::of(ip, b"{\"a\":1}"), Caller::of(ip, b"{\"a\":1}"));
+        assert_ne!(
+            Caller::of(ip, b"{\"a\":1}"),
+            Caller::of(ip, b"{\"a\":2}"),
+            "another request from the same address is judged afresh"
         );
         assert_ne!(
-            Caller::of(ClientId::Addr(ip), Some(&a)),
-            Caller::of(ClientId::Addr(ip), Some(&b)),
-            "two connections from one address are two callers"
+            Caller::of(ClientId::Key(1), b"{}"),
+            Caller::of(ClientId::Key(2), b"{}")
         );
     }
 
@@ -259,13 +263,17 @@ mod tests {
         let l = RetryLedger::default();
         let t0 = Instant::now();
         for i in 0..RETRY_LEDGER_CLIENTS_MAX {
-            let id = Caller::Key(i);
+            let id = Caller::of(ClientId::Key(i), b"{}");
             l.promised(id, Duration::from_secs(10 + i as u64), t0);
         }
-        l.promised(Caller::Key(usize::MAX), Duration::from_secs(5), t0);
+        let last = Caller::of(ClientId::Key(usize::MAX), b"{}");
+        l.promised(last, Duration::from_secs(5), t0);
         let t = l.table.lock().unwrap();
         assert_eq!(t.len(), RETRY_LEDGER_CLIENTS_MAX);
-        assert!(!t.contains_key(&Caller::Key(0)), "the soonest due went");
-        assert!(t.contains_key(&Caller::Key(usize::MAX)));
+        assert!(
+            !t.contains_key(&Caller::of(ClientId::Key(0), b"{}")),
+            "the soonest due went"
+        );
+        assert!(t.contains_key(&last));
     }
 }

@@ -297,7 +297,9 @@ fn ten_thousand_client_addresses_do_not_grow_the_bucket_table_past_its_bound() {
         "--parallel",
         "1",
         "--queue-depth",
-        "1",
+        "2",
+        "--queued-tokens-max",
+        "20",
         "--no-shed",
         "--client-rate",
         "1",
@@ -307,25 +309,31 @@ fn ten_thousand_client_addresses_do_not_grow_the_bucket_table_past_its_bound() {
         "100",
     ]);
     let addr = srv.addr;
-    // 127.0.0.1 fills the slot and the queue: it owes about 8,000 tokens of work.
+    // 127.0.0.1 takes the slot and a queue place: it owes about 8,000 tokens
+    // of work. A queue place stays free and the queued prompt is short, so
+    // that the others pass the door (a full queue refuses before any bucket
+    // is touched) and are refused by the token budget once their prompts are
+    // counted, after their buckets were charged.
     let _running = stream(addr, &body("Count on.", 4000, true), &[]);
     let filler = std::thread::spawn(move || post(addr, &body("Wait.", 4000, false), &[]));
     wait_until(Duration::from_secs(30), "the queue filled", || {
         srv.metric("sluice_queue_depth") == 1.0
     });
-    // 10,000 other clients: each is charged, refused by the full queue, and
-    // refunded; each takes a place in the table while it is asked.
+    // 10,000 other clients: each is charged, refused by the queued-token
+    // budget, and refunded; each takes a place in the table while it is asked.
+    let long = "Hi there. ".repeat(20);
     let threads = 4;
     let per = 2500;
     let clients: Vec<_> = (0..threads)
         .map(|t| {
+            let long = long.clone();
             std::thread::spawn(move || {
                 for i in 0..per {
                     let n = (t * per + i) as u32;
                     let from = Ipv4Addr::from(0x7f01_0001 + n);
-                    let r = post_from(addr, from, &body("Hi", 1, false));
+                    let r = post_from(addr, from, &body(&long, 1, false));
                     assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
-                    assert_eq!(r.body_json()["error"]["code"], "queue_full");
+                    assert_eq!(r.body_json()["error"]["code"], "queue_token_budget");
                 }
             })
         })

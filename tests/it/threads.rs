@@ -93,6 +93,7 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
             "sluice-http-*",
             "sluice-main",
             "sluice-conn",
+            "sluice-tarpit",
         ];
         assert!(
             counts.keys().all(|k| known.contains(&k.as_str())),
