@@ -574,7 +574,7 @@ fn a_full_queue_refuses_at_the_door_before_reading_or_tokenizing() {
         let body = if i % 2 == 0 {
             body
         } else {
-            json!({"input": "Refused too."})
+            json!({"input": format!("Refused too, {i}.")})
         };
         let r = post_json(srv.addr, path, &body);
         assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
