@@ -7,8 +7,9 @@ Two phases of DURATION_S seconds each, on loopback:
             retry-after-ms says, as the OpenAI SDKs do) and one more such
             client, "polite", counted on its own;
   storm     the same, plus STORM clients that retry at once: each keeps one
-            connection (as an SDK's pool does) and sends its next request the
-            moment it has an answer, whatever it was.
+            connection (as an SDK's pool does) and, the moment it has an
+            answer, sends the same request again after a refusal, or its next
+            request after a completion.
 Every request is a chat completion of ANSWER_TOKENS tokens (ignore_eos,
 greedy), not streamed. Completions counts every client's 200s; the ratio
 storm / baseline says what the storm cost the server's throughput.
@@ -50,11 +51,14 @@ def client(i, patient, stop, counts):
                          headers={"Content-Type": "application/json"})
             r = conn.getresponse()
             r.read()
-            n += 1
             counts["attempts"] += 1
             counts[str(r.status)] = counts.get(str(r.status), 0) + 1
             if r.status == 200:
                 counts["completed"] += 1
+            if r.status not in (429, 503):
+                # The next request is a new one; after a refusal it is the
+                # same one again (a retry re-sends the same body).
+                n += 1
             elif patient and r.status in (429, 503):
                 ms = r.getheader("retry-after-ms")
                 wait = int(ms) / 1000 if ms else float(r.getheader("retry-after", "1"))
