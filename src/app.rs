@@ -2,18 +2,21 @@
 
 use crate::admission::{Admission, Rates};
 use crate::calibration_cache::Kept;
-use crate::config::{Cli, Command, Config, FlashAttnSetting, KvTypeSetting};
+use crate::config::{Cli, Command, Config};
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
 use crate::engine::prefix::PrefixCache;
 use crate::engine::{self, EngineConfig};
-use crate::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
+use crate::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType};
 use crate::http::prompt::Prompter;
 use crate::http::{self, AppState};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
 use crate::priority::Class;
 use crate::ratelimit::RateLimiter;
+use crate::startup::{
+    attention_candidates, measure_attention, staggered_cells, start_up_calibration,
+};
 use argh::FromArgs;
 use crossbeam_channel::bounded;
 use std::net::TcpListener;
@@ -60,13 +63,9 @@ fn print_version() {
     println!("llama.cpp: {}", ffi::system_info());
 }
 
-/// Prompt tokens and decode steps of the start-up calibration (about a second
-/// on a 2-core box).
 /// Allocations from this size up are the kernel's pages, returned on free
 /// (prefix cache entries are ~23 KB a token).
 const LARGE_BLOCK_BYTES: usize = 128 * 1024;
-const CALIBRATION_PROMPT_TOKENS: usize = 128;
-const CALIBRATION_STEPS: usize = 16;
 
 fn serve(cfg: Config) -> Result<(), String> {
     crate::log::set_json(cfg.log_format == crate::config::LogFormat::Json);
@@ -544,145 +543,6 @@ fn drain(
     crate::say!("sluice: drained; exiting");
 }
 
-/// Flash attention and the KV type, by timing each of `candidates` on this
-/// CPU and model: a decode token and a prefill chunk at a chat's depth, each
-/// in a small context of its own (about 0.7 s each on the 2-core development
-/// box). The first candidate is the default; a later one is taken only if it
-/// is `FLASH_ATTN_GAIN_MIN` faster than the choice so far
-/// (`attention_choice`). The first candidate if the measurement fails.
-/// The (flash attention, KV type) pairings start-up times, the first being
-/// the one kept unless another is clearly faster (`attention_choice`).
-///
-/// Without flash attention, K in q8_0 beside V in f16 comes first: it takes
-/// a quarter less memory than f16, and the saving in time grows with depth (on
-/// the development VM a 6,000-token prompt beside two streams reached its first
-/// token in 35 s against 49 s with f16, while start-up's timing at depth 384
-/// saw 5-10 %). With flash attention, f16 and q8_0 for both; a quantized V
-/// cache only exists with it.
-pub(crate) fn attention_candidates(
-    fa: FlashAttnSetting,
-    kv: KvTypeSetting,
-) -> Vec<(FlashAttn, KvType)> {
-    let fa = match fa {
-        FlashAttnSetting::Fixed(f) => vec![f],
-        FlashAttnSetting::Measure => vec![FlashAttn::Off, FlashAttn::On],
-    };
-    fa.into_iter()
-        .flat_map(|f| {
-            let kv = match kv {
-                KvTypeSetting::Fixed(k) => vec![k],
-                KvTypeSetting::Measure if f == FlashAttn::Off => {
-                    vec![KvType::Q8_0KeysF16Values, KvType::F16]
-                }
-                KvTypeSetting::Measure => vec![KvType::F16, KvType::Q8_0],
-            };
-            kv.into_iter().map(move |k| (f, k))
-        })
-        .filter(|&(f, k)| f != FlashAttn::Off || !k.needs_flash_attn())
-        .collect()
-}
-
-fn measure_attention(
-    model: &Arc<Model>,
-    base: &ContextParams,
-    candidates: &[(FlashAttn, KvType)],
-) -> (FlashAttn, KvType) {
-    use engine::calibration::{
-        attention_choice, time_attention, AttentionTiming, FLASH_ATTN_CHUNK_TOKENS,
-        FLASH_ATTN_DEPTH_TOKENS,
-    };
-    let started = Instant::now();
-    let name = crate::calibration_cache::pairing_name;
-    let timing = |(flash_attn, kv_type), give_up_s| -> Result<AttentionTiming, String> {
-        let p = ContextParams {
-            n_ctx: (FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS + 64) as u32,
-            n_batch: base.n_batch.max(FLASH_ATTN_DEPTH_TOKENS as u32),
-            n_seq_max: 1,
-            flash_attn,
-            kv_type,
-            ..base.clone()
-        };
-        let mut ctx = Context::new(Arc::clone(model), &p)?;
-        let prompt =
-            engine::calibration::prompt(model, FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS)?;
-        time_attention(&mut ctx, &prompt, give_up_s)
-    };
-    let mut timings: Vec<AttentionTiming> = Vec::with_capacity(candidates.len());
-    for &c in candidates {
-        // A candidate already twice as slow as the best is not timed again.
-        let best = timings
-            .iter()
-            .map(AttentionTiming::step_s)
-            .fold(f64::INFINITY, f64::min);
-        match timing(c, 2.0 * best) {
-            Ok(t) => timings.push(t),
-            Err(e) => {
-                crate::say!(
-                    "sluice: attention: flash attention {} (measuring {} failed: {e})",
-                    name(candidates[0]),
-                    name(c)
-                );
-                return candidates[0];
-            }
-        }
-    }
-    let chosen = candidates[attention_choice(&timings)];
-    let each: Vec<String> = candidates
-        .iter()
-        .zip(&timings)
-        .map(|(&c, t)| {
-            format!(
-                "{} {:.1}/{:.1} ms",
-                name(c),
-                t.decode_s * 1e3,
-                t.chunk_s * 1e3
-            )
-        })
-        .collect();
-    crate::say!(
-        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}, one decode token/a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
-        name(chosen),
-        started.elapsed().as_secs_f64(),
-        each.join(", ")
-    );
-    chosen
-}
-
-/// Cells of a KV stream holding at least `n`: an odd multiple of 256.
-///
-/// With flash attention off, V is stored transposed: one row of the stream's
-/// cells per dimension and layer (5,760 rows for the default model). With
-/// rows a multiple of 4 KiB long, every row crosses into a new page at the
-/// same cell, every 2,048 cells, and the first write there faults in 5,760
-/// pages at once (KV pages are given back when idle, `lazy_zero`): measured
-/// ~100 ms more on that step on the development VM. Rows of an odd multiple
-/// of 512 bytes start at 8 different offsets within a page, so the faults
-/// come in 8 smaller groups, 256 cells apart.
-pub fn staggered_cells(n: usize) -> usize {
-    let blocks = n.div_ceil(256).max(1);
-    (blocks | 1) * 256
-}
-
-/// Measures this machine on the loaded model before any request is taken.
-fn start_up_calibration(
-    model: &Model,
-    ctx: &mut Context,
-    cfg: &EngineConfig,
-) -> Result<Calibration, String> {
-    // Every calibration sequence must fit the context: prompt + warm-up + steps.
-    let per_seq = cfg.n_ctx / cfg.parallel.max(1);
-    let room = per_seq.saturating_sub(CALIBRATION_STEPS + engine::calibration::WARMUP_STEPS + 1);
-    let n = CALIBRATION_PROMPT_TOKENS.min(room);
-    if n < 8 {
-        return Err(format!(
-            "--ctx {} is too small to calibrate {} parallel sequences; give --mu-prefill and --mu-decode",
-            cfg.n_ctx, cfg.parallel
-        ));
-    }
-    let prompt = engine::calibration::prompt(model, n)?;
-    engine::calibration::measure(ctx, &prompt, cfg.parallel, CALIBRATION_STEPS, cfg.kv_layout)
-}
-
 /// How `/v1/embeddings` pools (`--pooling`, by default the GGUF's
 /// `{arch}.pooling_type`), and where that came from or why there is none.
 fn embedding_pooling(
@@ -710,58 +570,6 @@ fn embedding_pooling(
                     format!("the GGUF names no {key} (a generative model); start sluice with --pooling mean, cls or last to have embeddings"),
                 ),
             }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{attention_candidates, staggered_cells};
-    use crate::config::{FlashAttnSetting, KvTypeSetting};
-    use crate::ffi::{FlashAttn, KvType};
-
-    #[test]
-    fn attention_candidates_are_the_pairings_the_flags_leave_open() {
-        use FlashAttn::{Off, On};
-        use KvType::{Q8_0KeysF16Values as Q8K, F16, Q8_0};
-        let m = (FlashAttnSetting::Measure, KvTypeSetting::Measure);
-        assert_eq!(
-            attention_candidates(m.0, m.1),
-            vec![(Off, Q8K), (Off, F16), (On, F16), (On, Q8_0)]
-        );
-        assert_eq!(
-            attention_candidates(FlashAttnSetting::Fixed(Off), KvTypeSetting::Measure),
-            vec![(Off, Q8K), (Off, F16)]
-        );
-        assert_eq!(
-            attention_candidates(FlashAttnSetting::Fixed(On), KvTypeSetting::Measure),
-            vec![(On, F16), (On, Q8_0)]
-        );
-        assert_eq!(
-            attention_candidates(FlashAttnSetting::Measure, KvTypeSetting::Fixed(F16)),
-            vec![(Off, F16), (On, F16)]
-        );
-        // A quantized V cache never goes without flash attention.
-        assert_eq!(
-            attention_candidates(FlashAttnSetting::Measure, KvTypeSetting::Fixed(Q8_0)),
-            vec![(On, Q8_0)]
-        );
-    }
-
-    #[test]
-    fn kv_streams_are_an_odd_number_of_256_cell_blocks() {
-        assert_eq!(staggered_cells(1), 256);
-        assert_eq!(staggered_cells(256), 256);
-        assert_eq!(staggered_cells(257), 768);
-        assert_eq!(staggered_cells(1024), 1280);
-        assert_eq!(staggered_cells(8192), 8448);
-        assert_eq!(staggered_cells(8448), 8448);
-        for n in [16, 1000, 4096, 6000, 32768] {
-            let c = staggered_cells(n);
-            assert!(
-                c >= n && c < n + 512 && c.is_multiple_of(256) && !(c / 256).is_multiple_of(2),
-                "{n} -> {c}"
-            );
         }
     }
 }

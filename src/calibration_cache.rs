@@ -293,7 +293,7 @@ impl Kept {
     /// model file that cannot be read, which loading reports).
     pub fn look_up(cfg: &crate::config::Config, n_ctx: usize) -> Option<Kept> {
         let path = cfg.calibration_cache.clone()?;
-        let candidates = crate::app::attention_candidates(cfg.flash_attn, cfg.kv_type);
+        let candidates = crate::startup::attention_candidates(cfg.flash_attn, cfg.kv_type);
         let parts = KeyParts {
             model: &cfg.model,
             threads: cfg.cpus.len(),

@@ -28,5 +28,6 @@ mod metrics;
 mod notify;
 mod priority;
 mod ratelimit;
+mod startup;
 mod stream;
 mod template;

@@ -436,7 +436,7 @@ fn parse_pooling(v: &str) -> Result<PoolingSetting, String> {
 }
 
 /// `--kv-type`: fixed by the operator, or measured at start-up (with flash
-/// attention; see `app::measure_attention`).
+/// attention; see `startup::measure_attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvTypeSetting {
     Measure,

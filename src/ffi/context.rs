@@ -27,8 +27,8 @@ pub struct ContextParams {
     pub kv_type: KvType,
 }
 
-/// Flash attention (`--flash-attn`; by default measured at start-up, see
-/// `app::measure_flash_attn`).
+/// Flash attention (`--flash-attn`; by default measured once per machine, see
+/// `startup::measure_attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FlashAttn {
     /// llama.cpp decides (on where the CPU backend supports it).

@@ -537,9 +537,10 @@ fn a_closed_loop_within_the_slots_and_the_queue_bound_is_never_refused() {
     );
 }
 
-#[test]
-fn a_full_queue_refuses_at_the_door_before_reading_or_tokenizing() {
-    // One slot, one queued request: the third request finds the queue full.
+/// A server with one slot and one queue place, both taken: the slot by a
+/// long stream (dropping it frees the slot), the place by a short request
+/// (its answer is the handle's).
+fn a_full_queue() -> (Server, Sse, std::thread::JoinHandle<Response>) {
     let srv = Server::start(&[
         "--parallel",
         "1",
@@ -561,6 +562,13 @@ fn a_full_queue_refuses_at_the_door_before_reading_or_tokenizing() {
     wait_until(Duration::from_secs(60), "a request to queue", || {
         srv.metric("sluice_queue_depth") == 1.0
     });
+    (srv, running, queued)
+}
+
+#[test]
+fn a_full_queue_refuses_at_the_door_before_reading_or_tokenizing() {
+    // One slot, one queued request: the third request finds the queue full.
+    let (srv, running, queued) = a_full_queue();
     let tokenized = srv.metric("sluice_prompts_tokenized_total");
     let before_parsing = srv.metric("sluice_requests_rejected_before_parsing_total");
     let n = 20;
@@ -617,27 +625,7 @@ fn a_full_queue_refuses_at_the_door_before_reading_or_tokenizing() {
 #[test]
 fn a_client_that_retries_before_its_retry_after_waits_longer_and_costs_no_tokenizing() {
     use std::io::{BufRead, BufReader, Read, Write};
-    let srv = Server::start(&[
-        "--parallel",
-        "1",
-        "--queue-depth",
-        "1",
-        "--mu-prefill",
-        "200",
-        "--mu-decode",
-        "150",
-        "--mu-fixed",
-        "--no-shed",
-    ]);
-    let running = occupy_a_slot(&srv);
-    let queued = {
-        let addr = srv.addr;
-        let body = json!({"prompt": "Say hi.", "max_tokens": 2});
-        std::thread::spawn(move || post_json(addr, "/v1/completions", &body))
-    };
-    wait_until(Duration::from_secs(60), "a request to queue", || {
-        srv.metric("sluice_queue_depth") == 1.0
-    });
+    let (srv, running, queued) = a_full_queue();
     let tokenized = srv.metric("sluice_prompts_tokenized_total");
     // One keep-alive connection, as the SDKs' pools keep theirs: each try
     // is sent as soon as the last answer is read, without waiting.
