@@ -235,33 +235,8 @@ fn serve(cfg: Config) -> Result<(), String> {
     let (rates, cost) = match (cfg.rates, calibration) {
         (Some(r), _) if cfg.rates_fixed => (r, CostModel::from_rates(r, cfg.parallel).frozen()),
         (Some(r), _) => (r, CostModel::from_rates(r, cfg.parallel)),
-        (_, Some(c)) if from_cache => {
-            crate::say!(
-                "sluice: calibration: from the cache: prefill {:.0} tok/s; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {} (refined online from here)",
-                c.prefill_tok_s, c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel
-            );
-            (
-                Rates {
-                    prefill_tok_s: c.prefill_tok_s,
-                    decode_tok_s: c.decode_tok_s_parallel,
-                },
-                CostModel::from_calibration(
-                    c.prefill_tok_s,
-                    c.decode_tok_s_batch_1,
-                    c.decode_tok_s_parallel,
-                    c.parallel,
-                ),
-            )
-        }
         (None, Some(c)) => {
-            crate::say!(
-                "sluice: calibration ({:.1} s): prefill {:.0} tok/s in {}-token chunks; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}{}",
-                c.seconds, c.prefill_tok_s, cfg.n_batch(), c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel,
-                c.save_s_per_run.map_or(String::new(), |s| match cfg.kv_layout {
-                    KvLayout::Unified => format!("; saving a sequence's KV state {:.0} us per run of cells", s * 1e6),
-                    KvLayout::PerSequence => format!("; saving a sequence's KV state {:.1} us per token", s * 1e6),
-                })
-            );
+            log_calibration(&cfg, &c, from_cache);
             let rates = Rates {
                 prefill_tok_s: c.prefill_tok_s,
                 decode_tok_s: c.decode_tok_s_parallel,
@@ -480,6 +455,25 @@ fn serve(cfg: Config) -> Result<(), String> {
         kept.keep_refined(&c, rates.prefill_tok_s, rates.decode_tok_s);
     }
     Ok(())
+}
+
+/// What the rates the engine starts from are, and where they came from.
+fn log_calibration(cfg: &Config, c: &Calibration, from_cache: bool) {
+    if from_cache {
+        crate::say!(
+            "sluice: calibration: from the cache: prefill {:.0} tok/s; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {} (refined online from here)",
+            c.prefill_tok_s, c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel
+        );
+        return;
+    }
+    crate::say!(
+        "sluice: calibration ({:.1} s): prefill {:.0} tok/s in {}-token chunks; decode {:.1} tok/s at batch 1, {:.1} tok/s at batch {}{}",
+        c.seconds, c.prefill_tok_s, cfg.n_batch(), c.decode_tok_s_batch_1, c.decode_tok_s_parallel, c.parallel,
+        c.save_s_per_run.map_or(String::new(), |s| match cfg.kv_layout {
+            KvLayout::Unified => format!("; saving a sequence's KV state {:.0} us per run of cells", s * 1e6),
+            KvLayout::PerSequence => format!("; saving a sequence's KV state {:.1} us per token", s * 1e6),
+        })
+    );
 }
 
 /// What the engine thread hands back once its context is made and measured.

@@ -633,14 +633,18 @@ fn a_client_that_retries_before_its_retry_after_waits_longer_and_costs_no_tokeni
     let mut w = stream.try_clone().expect("clone");
     let mut r = BufReader::new(stream);
     let body = json!({"prompt": "Retry me.", "max_tokens": 4}).to_string();
-    let mut try_once = || {
+    // The same request again, on the kept connection.
+    let send = |w: &mut std::net::TcpStream, extra: &str| {
         let head = format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}\r\n",
             srv.addr,
             body.len()
         );
         w.write_all(head.as_bytes()).unwrap();
         w.write_all(body.as_bytes()).unwrap();
+    };
+    let mut try_once = || {
+        send(&mut w, "");
         let sent = std::time::Instant::now();
         let (status, headers) = sluice_bench::http::read_head(&mut r).expect("a response");
         let len: usize = headers
@@ -694,13 +698,7 @@ fn a_client_that_retries_before_its_retry_after_waits_longer_and_costs_no_tokeni
     assert_eq!(queued.join().expect("client").status, 200);
     // With room again, even the hasty connection is served at once.
     let (status, _, _, _) = {
-        let head = format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            srv.addr,
-            body.len()
-        );
-        w.write_all(head.as_bytes()).unwrap();
-        w.write_all(body.as_bytes()).unwrap();
+        send(&mut w, "Connection: close\r\n");
         let (status, headers) = sluice_bench::http::read_head(&mut r).expect("a response");
         (status, headers, 0, ())
     };
