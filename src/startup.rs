@@ -6,7 +6,7 @@
 use crate::config::{FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
 use crate::engine::{self, EngineConfig};
-use crate::ffi::{Context, ContextParams, FlashAttn, KvType, Model};
+use crate::ffi::{Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -15,19 +15,21 @@ use std::time::Instant;
 const CALIBRATION_PROMPT_TOKENS: usize = 128;
 const CALIBRATION_STEPS: usize = 16;
 
-/// The (flash attention, KV type) pairings start-up times, the first being
-/// the one kept unless another is clearly faster (`attention_choice`).
+/// The (flash attention, KV type) pairings `--calibrate-only` times, the
+/// first being the one a start takes untimed, and kept unless another is
+/// clearly faster (`attention_choice`).
 ///
-/// Without flash attention, K in q8_0 beside V in f16 comes first: it takes
-/// a quarter less memory than f16, and the saving in time grows with depth (on
-/// the development VM a 6,000-token prompt beside two streams reached its first
-/// token in 35 s against 49 s with f16, while start-up's timing at depth 384
-/// saw 5-10 %). With flash attention, f16 and q8_0 for both; a quantized V
-/// cache only exists with it.
+/// Flash attention with a q8_0 cache comes first: at a chat's depth it served
+/// the most tokens on both CPUs measured (a closed loop of 4 chat clients: on
+/// an AVX2 build 74-76 tok/s against 62-63 with flash attention off and K in
+/// q8_0, 69-71 with f16; with AMX kernels 172-188 against 150-151), in half
+/// the memory of f16. Deep contexts favour it off (a 64-token chunk 3,000
+/// tokens deep: 75 vs 108 tok/s on AVX2), K in q8_0 beside V in f16 (V is
+/// quantized only with flash attention). Then f16 either way.
 pub fn attention_candidates(fa: FlashAttnSetting, kv: KvTypeSetting) -> Vec<(FlashAttn, KvType)> {
     let fa = match fa {
         FlashAttnSetting::Fixed(f) => vec![f],
-        FlashAttnSetting::Measure => vec![FlashAttn::Off, FlashAttn::On],
+        FlashAttnSetting::Measure => vec![FlashAttn::On, FlashAttn::Off],
     };
     fa.into_iter()
         .flat_map(|f| {
@@ -36,7 +38,7 @@ pub fn attention_candidates(fa: FlashAttnSetting, kv: KvTypeSetting) -> Vec<(Fla
                 KvTypeSetting::Measure if f == FlashAttn::Off => {
                     vec![KvType::Q8_0KeysF16Values, KvType::F16]
                 }
-                KvTypeSetting::Measure => vec![KvType::F16, KvType::Q8_0],
+                KvTypeSetting::Measure => vec![KvType::Q8_0, KvType::F16],
             };
             kv.into_iter().map(move |k| (f, k))
         })
@@ -45,9 +47,9 @@ pub fn attention_candidates(fa: FlashAttnSetting, kv: KvTypeSetting) -> Vec<(Fla
 }
 
 /// Flash attention and the KV type, by timing each of `candidates` on this
-/// CPU and model: a decode token and a prefill chunk at a chat's depth, each
-/// in a small context of its own (about 0.7 s each on the 2-core development
-/// box). The first candidate is the default; a later one is taken only if it
+/// CPU and model: a decode step of every sequence and a prefill chunk at a
+/// chat's depth, each in a context shaped as the server's
+/// (`calibration::time_attention`). The first candidate is the default; a later one is taken only if it
 /// is `FLASH_ATTN_GAIN_MIN` faster than the choice so far
 /// (`attention_choice`). The first candidate if the measurement fails.
 pub fn measure_attention(
@@ -61,11 +63,15 @@ pub fn measure_attention(
     };
     let started = Instant::now();
     let name = crate::calibration_cache::pairing_name;
+    // The serving context's shape (its sequences, its streams' size), with
+    // each pairing: the cost of a step depends on both.
+    let n_seq = match base.kv_layout {
+        KvLayout::PerSequence => base.n_seq_max as usize,
+        KvLayout::Unified => (base.n_seq_max as usize).saturating_sub(1).max(1),
+    };
     let timing = |(flash_attn, kv_type), give_up_s| -> Result<AttentionTiming, String> {
         let p = ContextParams {
-            n_ctx: (FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS + 64) as u32,
             n_batch: base.n_batch.max(FLASH_ATTN_DEPTH_TOKENS as u32),
-            n_seq_max: 1,
             flash_attn,
             kv_type,
             ..base.clone()
@@ -73,14 +79,14 @@ pub fn measure_attention(
         let mut ctx = Context::new(Arc::clone(model), &p)?;
         let prompt =
             engine::calibration::prompt(model, FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS)?;
-        time_attention(&mut ctx, &prompt, give_up_s)
+        time_attention(&mut ctx, &prompt, n_seq, base.kv_layout, give_up_s)
     };
     let mut timings: Vec<AttentionTiming> = Vec::with_capacity(candidates.len());
     for &c in candidates {
         // A candidate already twice as slow as the best is not timed again.
         let best = timings
             .iter()
-            .map(AttentionTiming::step_s)
+            .map(AttentionTiming::score)
             .fold(f64::INFINITY, f64::min);
         match timing(c, 2.0 * best) {
             Ok(t) => timings.push(t),
@@ -100,15 +106,15 @@ pub fn measure_attention(
         .zip(&timings)
         .map(|(&c, t)| {
             format!(
-                "{} {:.1}/{:.1} ms",
+                "{} {:.2}/{:.2}",
                 name(c),
-                t.decode_s * 1e3,
-                t.chunk_s * 1e3
+                t.decode_s_per_token * 1e3,
+                t.prefill_s_per_token * 1e3
             )
         })
         .collect();
     crate::say!(
-        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}, one decode token/a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
+        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}, ms a token decoding {n_seq} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
         name(chosen),
         started.elapsed().as_secs_f64(),
         each.join(", ")
@@ -164,7 +170,7 @@ mod tests {
         let m = (FlashAttnSetting::Measure, KvTypeSetting::Measure);
         assert_eq!(
             attention_candidates(m.0, m.1),
-            vec![(Off, Q8K), (Off, F16), (On, F16), (On, Q8_0)]
+            vec![(On, Q8_0), (On, F16), (Off, Q8K), (Off, F16)]
         );
         assert_eq!(
             attention_candidates(FlashAttnSetting::Fixed(Off), KvTypeSetting::Measure),
@@ -172,11 +178,11 @@ mod tests {
         );
         assert_eq!(
             attention_candidates(FlashAttnSetting::Fixed(On), KvTypeSetting::Measure),
-            vec![(On, F16), (On, Q8_0)]
+            vec![(On, Q8_0), (On, F16)]
         );
         assert_eq!(
             attention_candidates(FlashAttnSetting::Measure, KvTypeSetting::Fixed(F16)),
-            vec![(Off, F16), (On, F16)]
+            vec![(On, F16), (Off, F16)]
         );
         // A quantized V cache never goes without flash attention.
         assert_eq!(

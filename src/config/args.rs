@@ -71,10 +71,11 @@ pub struct ServeArgs {
     /// first; 0 turns it off) (default: 96)
     #[argh(option, default = "crate::engine::prefix::PREFIX_CACHE_MB_DEFAULT")]
     pub prefix_cache_mb: usize,
-    /// KV cache type: measure (time the types that fit the flash attention
-    /// setting at start-up), f16, q8_0/f16 (K in q8_0, V in f16: 3/4 of the
-    /// memory), or q8_0 (half the memory; needs flash attention)
-    /// (default: measure)
+    /// KV cache type: measure (what --calibrate-only timed fastest with the
+    /// flash attention setting, kept in the calibration cache; until then
+    /// q8_0, or q8_0/f16 without flash attention), f16, q8_0/f16 (K in q8_0,
+    /// V in f16: 3/4 of the memory), or q8_0 (half the memory; needs flash
+    /// attention) (default: measure)
     #[argh(
         option,
         default = "KvTypeSetting::Measure",
@@ -90,9 +91,9 @@ pub struct ServeArgs {
         from_str_fn(parse_kv_layout)
     )]
     pub kv_layout: KvLayout,
-    /// flash attention: measure (time a decode token and a prefill chunk at
-    /// depth with it and without, at start-up, and take the faster), off, on,
-    /// or auto (llama.cpp decides: on for the CPU) (default: measure)
+    /// flash attention: measure (what --calibrate-only timed faster on this
+    /// machine, kept in the calibration cache; until then on), off, on, or
+    /// auto (llama.cpp decides: on for the CPU) (default: measure)
     #[argh(
         option,
         default = "FlashAttnSetting::Measure",
@@ -435,8 +436,8 @@ fn parse_pooling(v: &str) -> Result<PoolingSetting, String> {
     }
 }
 
-/// `--kv-type`: fixed by the operator, or measured at start-up (with flash
-/// attention; see `startup::measure_attention`).
+/// `--kv-type`: fixed by the operator, or measured by `--calibrate-only`
+/// (with flash attention; see `startup::measure_attention`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvTypeSetting {
     Measure,

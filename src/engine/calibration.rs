@@ -133,41 +133,52 @@ pub fn time_decode(
     Ok((steps * n_seq) as f64 / secs)
 }
 
-/// Prompt tokens in the cache when flash attention is compared at start-up: a
-/// chat's depth, where its cost for decode already shows.
-pub const FLASH_ATTN_DEPTH_TOKENS: usize = 384;
+/// Prompt tokens in every sequence's cache when flash attention is compared:
+/// a chat's depth, where its cost already shows (on the AVX-512 development
+/// VM flash attention's 32-token chunk was 3x slower than without it at this
+/// depth, 5x at 384).
+pub const FLASH_ATTN_DEPTH_TOKENS: usize = 128;
 /// Tokens of the prefill chunk timed at that depth (a chunk beside streams).
 pub const FLASH_ATTN_CHUNK_TOKENS: usize = 32;
 /// Timed repetitions of each; the median counts.
 const FLASH_ATTN_REPS: usize = 3;
-/// Flash attention is chosen only if a mixed step is at least this much
-/// faster with it: a tie goes to the path without it, which decodes faster
-/// at depth on the CPUs measured so far.
+/// A later candidate is chosen only if it is at least this much faster
+/// (`AttentionTiming::score`): a tie goes to the first.
 pub const FLASH_ATTN_GAIN_MIN: f64 = 0.05;
 
-/// A mixed step's two parts at `FLASH_ATTN_DEPTH_TOKENS`, in seconds.
+/// What a serving step's two passes cost at `FLASH_ATTN_DEPTH_TOKENS`, per
+/// token: a decode token of a step that decodes every sequence, and a
+/// prompt token of a chunk.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionTiming {
-    pub decode_s: f64,
-    pub chunk_s: f64,
+    pub decode_s_per_token: f64,
+    pub prefill_s_per_token: f64,
 }
 
 impl AttentionTiming {
-    pub fn step_s(&self) -> f64 {
-        self.decode_s + self.chunk_s
+    /// Seconds per token of a request that has as many prompt tokens as it
+    /// generates (a chat's order of magnitude): what the pairing is judged by.
+    pub fn score(&self) -> f64 {
+        self.decode_s_per_token + self.prefill_s_per_token
     }
 }
 
-/// Times one decode token and one `FLASH_ATTN_CHUNK_TOKENS` chunk of sequence 0
-/// at a depth of `prompt.len() - FLASH_ATTN_CHUNK_TOKENS` tokens (medians of
-/// `FLASH_ATTN_REPS`, after one untimed round). If the untimed round's step
-/// already takes longer than `give_up_s`, that round is the answer: it has
-/// lost, and timing it again would only delay start-up (flash attention's
-/// small chunks at depth took 316 ms here, against 56 ms without). Leaves the
-/// sequence empty.
+/// Times a serving step's two passes in a context shaped as the server's
+/// (its sequences, its streams' size): one decode token for each of
+/// `n_seq` sequences, each `prompt.len() - FLASH_ATTN_CHUNK_TOKENS` deep,
+/// and one `FLASH_ATTN_CHUNK_TOKENS` chunk of sequence 0 at that depth
+/// (medians of `FLASH_ATTN_REPS`, after one untimed round). The shape
+/// matters: on an AVX2 build a 4-sequence decode step was 25 % faster with
+/// flash attention while one sequence's token was not. The depth is
+/// prefilled once and copied to the other sequences. If the untimed round's
+/// score is already over `give_up_s`, that round is the answer: it has
+/// lost, and timing it again would only delay start-up. Leaves the
+/// sequences empty.
 pub fn time_attention(
     ctx: &mut Context,
     prompt: &[Token],
+    n_seq: usize,
+    layout: KvLayout,
     give_up_s: f64,
 ) -> Result<AttentionTiming, String> {
     assert!(
@@ -176,6 +187,21 @@ pub fn time_attention(
     );
     let depth = prompt.len() - FLASH_ATTN_CHUNK_TOKENS;
     time_prefill(ctx, &prompt[..depth], 0)?;
+    let state = (layout == KvLayout::PerSequence && n_seq > 1).then(|| ctx.save_sequence(0));
+    for seq in 1..n_seq as i32 {
+        let copied = match &state {
+            Some(state) => ctx.restore_sequence(seq, state),
+            None => {
+                ctx.share_cells(0, seq, 0, -1);
+                true
+            }
+        };
+        if !copied {
+            return Err(
+                "flash attention measurement: a sequence's cells could not be copied".into(),
+            );
+        }
+    }
     let mut batch = Batch::new(ctx.n_batch());
     let (mut chunk, mut decode) = (Vec::new(), Vec::new());
     let timed = |batch: &Batch, ctx: &mut Context| -> Result<f64, String> {
@@ -184,9 +210,12 @@ pub fn time_attention(
             .map_err(|e| format!("flash attention measurement failed: {e:?}"))?;
         let _ = ctx.logits(batch, batch.len() - 1)[0];
         let s = started.elapsed().as_secs_f64();
-        ctx.truncate_sequence(0, depth as i32);
+        for seq in 0..n_seq as i32 {
+            ctx.truncate_sequence(seq, depth as i32);
+        }
         Ok(s)
     };
+    let clear = |ctx: &mut Context| (0..n_seq as i32).for_each(|seq| ctx.clear_sequence(seq));
     for rep in 0..=FLASH_ATTN_REPS {
         batch.clear();
         for (i, &t) in prompt[depth..].iter().enumerate() {
@@ -194,38 +223,40 @@ pub fn time_attention(
         }
         let c = timed(&batch, ctx)?;
         batch.clear();
-        batch.push(prompt[depth], depth as i32, 0, true);
+        for seq in 0..n_seq as i32 {
+            batch.push(prompt[depth], depth as i32, seq, true);
+        }
         let d = timed(&batch, ctx)?;
-        if rep == 0 && c + d > give_up_s {
-            ctx.clear_sequence(0);
-            return Ok(AttentionTiming {
-                decode_s: d,
-                chunk_s: c,
-            });
+        let timing = |decode_s: f64, chunk_s: f64| AttentionTiming {
+            decode_s_per_token: decode_s / n_seq as f64,
+            prefill_s_per_token: chunk_s / FLASH_ATTN_CHUNK_TOKENS as f64,
+        };
+        if rep == 0 && timing(d, c).score() > give_up_s {
+            clear(ctx);
+            return Ok(timing(d, c));
         }
         if rep > 0 {
             chunk.push(c);
             decode.push(d);
         }
     }
-    ctx.clear_sequence(0);
+    clear(ctx);
     Ok(AttentionTiming {
-        decode_s: median(&mut decode),
-        chunk_s: median(&mut chunk),
+        decode_s_per_token: median(&mut decode) / n_seq as f64,
+        prefill_s_per_token: median(&mut chunk) / FLASH_ATTN_CHUNK_TOKENS as f64,
     })
 }
 
-/// With timings `off` and `on`: flash attention only if a mixed step is at
-/// least `FLASH_ATTN_GAIN_MIN` faster with it.
-pub fn flash_attn_wins(off: &AttentionTiming, on: &AttentionTiming) -> bool {
-    on.step_s() < off.step_s() * (1.0 - FLASH_ATTN_GAIN_MIN)
+/// Whether `later` is at least `FLASH_ATTN_GAIN_MIN` faster than `chosen`.
+pub fn beats(chosen: &AttentionTiming, later: &AttentionTiming) -> bool {
+    later.score() < chosen.score() * (1.0 - FLASH_ATTN_GAIN_MIN)
 }
 
-/// Which of several timed settings to take: the first, unless a later one's
-/// step is `FLASH_ATTN_GAIN_MIN` faster than the choice so far.
+/// Which of several timed settings to take: the first, unless a later one
+/// `beats` the choice so far.
 pub fn attention_choice(timings: &[AttentionTiming]) -> usize {
     (1..timings.len()).fold(0, |chosen, i| {
-        if flash_attn_wins(&timings[chosen], &timings[i]) {
+        if beats(&timings[chosen], &timings[i]) {
             i
         } else {
             chosen
@@ -243,32 +274,32 @@ mod tests {
     use super::*;
 
     #[test]
-    fn flash_attention_must_win_by_a_margin() {
-        let off = AttentionTiming {
-            decode_s: 0.010,
-            chunk_s: 0.030,
+    fn a_later_setting_must_win_by_a_margin() {
+        let t = |decode_ms: f64, prefill_ms: f64| AttentionTiming {
+            decode_s_per_token: decode_ms / 1e3,
+            prefill_s_per_token: prefill_ms / 1e3,
         };
-        let slightly = AttentionTiming {
-            decode_s: 0.012,
-            chunk_s: 0.027,
-        };
-        let clearly = AttentionTiming {
-            decode_s: 0.008,
-            chunk_s: 0.025,
-        };
-        assert!(!flash_attn_wins(&off, &off), "a tie stays off");
+        let first = t(7.0, 4.0);
+        assert!(!beats(&first, &first), "a tie stays with the first");
         assert!(
-            !flash_attn_wins(&off, &slightly),
-            "39 vs 40 ms: within the margin"
+            !beats(&first, &t(6.0, 4.6)),
+            "10.6 vs 11 ms a token: within the margin"
         );
-        assert!(flash_attn_wins(&off, &clearly), "33 vs 40 ms");
+        assert!(
+            beats(&first, &t(6.5, 3.9)),
+            "10.4 vs 11 ms a token (the AVX2 build: flash attention with a q8_0 cache)"
+        );
+        assert!(
+            !beats(&first, &t(3.0, 8.5)),
+            "faster decode does not make up for a prompt twice as slow"
+        );
     }
 
     #[test]
     fn a_later_setting_is_chosen_only_when_it_beats_the_choice_so_far_by_the_margin() {
         let t = |ms: f64| AttentionTiming {
-            decode_s: 0.0,
-            chunk_s: ms / 1e3,
+            decode_s_per_token: 0.0,
+            prefill_s_per_token: ms / 1e3,
         };
         assert_eq!(attention_choice(&[t(40.0)]), 0);
         assert_eq!(attention_choice(&[t(40.0), t(39.0), t(38.5)]), 0);

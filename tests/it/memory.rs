@@ -11,8 +11,9 @@ use std::time::Duration;
 fn kv_pages_go_back_to_the_kernel_when_idle_and_read_as_zeros_again() {
     // No prefix cache: its entries are host memory of their own, and a repeat
     // would reuse the prompt instead of prefilling it into fresh pages. The
-    // KV type fixed (what start-up picks on the development VM), so that the
-    // bytes a cell holds are known.
+    // KV type fixed, so that the bytes a cell holds are known: flash
+    // attention off, whose transposed V cache writes a token's values into
+    // a row per dimension, across the stream's pages.
     let srv = Server::start(&[
         "--parallel",
         "2",

@@ -90,8 +90,8 @@ fn flash_attention_is_measured_ahead_of_time_kept_and_used_unless_it_is_set() {
         .lines()
         .find(|l| l.starts_with("sluice: attention: "))
         .unwrap_or_else(|| panic!("no attention line in the log:\n{log}"));
-    // Flash attention off with q8_0 keys and with f16, on with f16 and with
-    // q8_0: four timed.
+    // Flash attention on with a q8_0 cache and with f16, off with q8_0 keys
+    // and with f16: four timed.
     assert!(
         line.contains("measured in")
             && line.contains("off/q8_0/f16 ")
