@@ -155,7 +155,10 @@ fn serve(cfg: Config) -> Result<(), String> {
                 let candidates = attention_candidates(flash_attn, kv_type);
                 let (pairing, measured) = match (&candidates[..], cached_pairing) {
                     ([only], _) => (*only, false),
-                    _ if measure_now => (measure_attention(&model, &params, &candidates), true),
+                    _ if measure_now => (
+                        measure_attention(&model, &params, engine_cfg.parallel, &candidates),
+                        true,
+                    ),
                     (_, Some(kept)) => kept,
                     _ => (candidates[0], false),
                 };

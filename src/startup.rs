@@ -6,7 +6,7 @@
 use crate::config::{FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
 use crate::engine::{self, EngineConfig};
-use crate::ffi::{Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
+use crate::ffi::{Context, ContextParams, FlashAttn, KvType, Model};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -47,14 +47,16 @@ pub fn attention_candidates(fa: FlashAttnSetting, kv: KvTypeSetting) -> Vec<(Fla
 }
 
 /// Flash attention and the KV type, by timing each of `candidates` on this
-/// CPU and model: a decode step of every sequence and a prefill chunk at a
-/// chat's depth, each in a context shaped as the server's
-/// (`calibration::time_attention`). The first candidate is the default; a later one is taken only if it
-/// is `FLASH_ATTN_GAIN_MIN` faster than the choice so far
-/// (`attention_choice`). The first candidate if the measurement fails.
+/// CPU and model: a decode step of each of the server's `parallel`
+/// sequences and a prefill chunk at a chat's depth, each in a context shaped
+/// as the server's, `base` (`calibration::time_attention`). The first
+/// candidate is the default; a later one is taken only if it is
+/// `FLASH_ATTN_GAIN_MIN` faster than the choice so far (`attention_choice`).
+/// The first candidate if the measurement fails.
 pub fn measure_attention(
     model: &Arc<Model>,
     base: &ContextParams,
+    parallel: usize,
     candidates: &[(FlashAttn, KvType)],
 ) -> (FlashAttn, KvType) {
     use engine::calibration::{
@@ -65,10 +67,6 @@ pub fn measure_attention(
     let name = crate::calibration_cache::pairing_name;
     // The serving context's shape (its sequences, its streams' size), with
     // each pairing: the cost of a step depends on both.
-    let n_seq = match base.kv_layout {
-        KvLayout::PerSequence => base.n_seq_max as usize,
-        KvLayout::Unified => (base.n_seq_max as usize).saturating_sub(1).max(1),
-    };
     let timing = |(flash_attn, kv_type), give_up_s| -> Result<AttentionTiming, String> {
         let p = ContextParams {
             n_batch: base.n_batch.max(FLASH_ATTN_DEPTH_TOKENS as u32),
@@ -79,7 +77,7 @@ pub fn measure_attention(
         let mut ctx = Context::new(Arc::clone(model), &p)?;
         let prompt =
             engine::calibration::prompt(model, FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS)?;
-        time_attention(&mut ctx, &prompt, n_seq, base.kv_layout, give_up_s)
+        time_attention(&mut ctx, &prompt, parallel, base.kv_layout, give_up_s)
     };
     let mut timings: Vec<AttentionTiming> = Vec::with_capacity(candidates.len());
     for &c in candidates {
@@ -114,7 +112,7 @@ pub fn measure_attention(
         })
         .collect();
     crate::say!(
-        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}, ms a token decoding {n_seq} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
+        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}, ms a token decoding {parallel} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
         name(chosen),
         started.elapsed().as_secs_f64(),
         each.join(", ")

@@ -216,6 +216,10 @@ pub fn time_attention(
         Ok(s)
     };
     let clear = |ctx: &mut Context| (0..n_seq as i32).for_each(|seq| ctx.clear_sequence(seq));
+    let timing = |decode_s: f64, chunk_s: f64| AttentionTiming {
+        decode_s_per_token: decode_s / n_seq as f64,
+        prefill_s_per_token: chunk_s / FLASH_ATTN_CHUNK_TOKENS as f64,
+    };
     for rep in 0..=FLASH_ATTN_REPS {
         batch.clear();
         for (i, &t) in prompt[depth..].iter().enumerate() {
@@ -227,13 +231,10 @@ pub fn time_attention(
             batch.push(prompt[depth], depth as i32, seq, true);
         }
         let d = timed(&batch, ctx)?;
-        let timing = |decode_s: f64, chunk_s: f64| AttentionTiming {
-            decode_s_per_token: decode_s / n_seq as f64,
-            prefill_s_per_token: chunk_s / FLASH_ATTN_CHUNK_TOKENS as f64,
-        };
-        if rep == 0 && timing(d, c).score() > give_up_s {
+        let first = timing(d, c);
+        if rep == 0 && first.score() > give_up_s {
             clear(ctx);
-            return Ok(timing(d, c));
+            return Ok(first);
         }
         if rep > 0 {
             chunk.push(c);
@@ -241,10 +242,7 @@ pub fn time_attention(
         }
     }
     clear(ctx);
-    Ok(AttentionTiming {
-        decode_s_per_token: median(&mut decode) / n_seq as f64,
-        prefill_s_per_token: median(&mut chunk) / FLASH_ATTN_CHUNK_TOKENS as f64,
-    })
+    Ok(timing(median(&mut decode), median(&mut chunk)))
 }
 
 /// Whether `later` is at least `FLASH_ATTN_GAIN_MIN` faster than `chosen`.
