@@ -25,7 +25,8 @@ pub struct Bounds {
     pub mu_req: f64,
     /// Most requests waiting for a slot.
     pub queue_depth_max: usize,
-    /// Most prompt tokens waiting for a slot.
+    /// Most prompt tokens that may wait ahead of a request that must wait
+    /// for a slot.
     pub queued_tokens_max: usize,
 }
 

@@ -5,12 +5,18 @@
 //! request service rate measured on this machine and W_max the operator's
 //! queueing budget for time to first token (`--queue-wait-ms`),
 //! `L_max = ceil(μ_req · W_max)`, clamped to 1..=9. A second bound is in tokens,
-//! because 16 short prompts and 16 8k prompts are not the same load: the prompt
-//! tokens waiting may not exceed `μ_prefill · W_max`.
+//! because 16 short prompts and 16 8k prompts are not the same load: a request
+//! that must wait is admitted only while the prompt tokens already waiting
+//! ahead of it are within `μ_prefill · W_max` (their prefill is its queueing
+//! delay; its own prompt is its service, and a long prompt behind a short
+//! queue is served, not refused).
 //!
 //! Handlers only ever `try_send`. A gate in front of the channel counts what is
 //! queued (requests and prompt tokens, until the engine gives the request a
 //! slot) and refuses with 429 + `Retry-After` when either bound would break.
+//! Neither rule needs the request's own prompt, so the door applies them
+//! before the body is read (`Admission::precheck`); the choices of one
+//! request are judged together (`Admission::submit_all`).
 //!
 //! The bounds are live: the engine refines the rates online from the steps it
 //! runs (`engine::cost`) and publishes them here, and the gate re-derives L_max
@@ -161,9 +167,6 @@ pub struct QueueFull {
     pub queue_depth_max: usize,
     pub queued_tokens: usize,
     pub queued_tokens_max: usize,
-    /// The refused request's prompt tokens to prefill (0: refused at the
-    /// door, unread).
-    pub prompt_tokens: usize,
     /// When to come back (`QueueGauge::promise`), and that in whole seconds
     /// (at least 1), rounded up.
     pub retry_after_ms: u64,
@@ -209,8 +212,8 @@ impl Load {
 /// The gate's view of the queues, shared with the engine, which reports when a
 /// request gets its slot and when it leaves it, and publishes the rates it
 /// measures. A request of a class is refused when its class's waiting requests
-/// would exceed the slots it could take now plus its L_max, or when its class's
-/// waiting prompt tokens would exceed their budget.
+/// would exceed the slots it could take now plus its L_max, or when it must
+/// wait and its class's waiting prompt tokens already exceed their budget.
 ///
 /// The slots a class could take now: for `interactive`, the free ones; for
 /// `batch`, the free ones that interactive requests waiting do not take, and no
@@ -318,30 +321,39 @@ impl QueueGauge {
         }
     }
 
-    /// Reserves a place for a request of `class` and `prompt_tokens`, or says
-    /// which bound it breaks (with what is waiting ahead of it, and the bounds
-    /// and rates it was judged by). A prompt larger than the whole token budget
-    /// is admitted only when nothing of its class waits: otherwise it could
-    /// never be served.
-    fn reserve(&self, class: Class, prompt_tokens: usize) -> Result<(), Refusal> {
+    /// Reserves places for `n` requests of `class` (the choices of one
+    /// request: all of them or none) holding `prompt_tokens` together, or says
+    /// which bound they break (with what is waiting ahead of them, and the
+    /// bounds and rates they were judged by).
+    fn reserve(&self, class: Class, n: usize, prompt_tokens: usize) -> Result<(), Refusal> {
         let mut s = self.lock();
-        Self::judge(&s, self.free_for(&s.load, class), class, prompt_tokens)?;
+        Self::judge(&s, self.free_for(&s.load, class), class, n)?;
         let c = class.index();
-        s.load.waiting[c] += 1;
+        s.load.waiting[c] += n;
         s.load.waiting_tokens[c] += prompt_tokens;
         self.publish(&s.load);
         Ok(())
     }
 
-    /// Whether a request of `class` and `prompt_tokens` would be admitted now,
-    /// without reserving its place.
-    fn check(&self, class: Class, prompt_tokens: usize) -> Result<(), Refusal> {
+    /// Whether a request of `class` would be admitted now, without reserving
+    /// its place. Its prompt does not matter (`judge`): the door's answer,
+    /// before the body is read, is the gate's.
+    fn check(&self, class: Class) -> Result<(), Refusal> {
         let s = self.lock();
-        Self::judge(&s, self.free_for(&s.load, class), class, prompt_tokens)
+        Self::judge(&s, self.free_for(&s.load, class), class, 1)
     }
 
-    /// The gate's rule (`reserve`), given the slots the class could take now.
-    fn judge(s: &State, free: usize, class: Class, prompt_tokens: usize) -> Result<(), Refusal> {
+    /// The gate's rule (`reserve`) for `n` requests, given the slots the class
+    /// could take now.
+    ///
+    /// The token budget bounds the prompt tokens *ahead* of a request that
+    /// must wait: their prefill is its queueing delay, W_max of it at most.
+    /// Its own prompt is its service, not its wait, so a long prompt behind a
+    /// short queue is admitted (below capacity it is served, and refusing it
+    /// only sends it back later), while one behind more than W_max of prompts
+    /// is refused, whatever its own size. So the rule needs no prompt: the
+    /// door applies it exactly, before the body is read.
+    fn judge(s: &State, free: usize, class: Class, n: usize) -> Result<(), Refusal> {
         let l = s.load;
         let c = class.index();
         let bounds = s.bounds[c];
@@ -353,15 +365,13 @@ impl QueueGauge {
             rates: s.rates,
             bounds,
         };
-        if l.waiting[c] >= free + bounds.queue_depth_max {
+        if l.waiting[c] + n > free + bounds.queue_depth_max {
             return Err(refuse(QueueBound::Requests));
         }
-        // Free slots take the request at once: only the part that must wait counts.
-        let would_wait = l.waiting[c] >= free;
-        if would_wait
-            && l.waiting[c] > 0
-            && l.waiting_tokens[c] + prompt_tokens > bounds.queued_tokens_max
-        {
+        // Free slots take requests at once: only one that must wait is judged
+        // by what waits ahead of it.
+        let would_wait = l.waiting[c] + n > free;
+        if would_wait && l.waiting_tokens[c] > bounds.queued_tokens_max {
             return Err(refuse(QueueBound::Tokens));
         }
         Ok(())
@@ -522,13 +532,15 @@ impl Admission {
     }
 
     /// The door's check, before a request's body is read: refuses it when
-    /// the queue's state alone says any request of `class` would break a
-    /// bound (the count, or the token budget with a one-token prompt), as
-    /// `submit` would after parsing and tokenizing it. Reserves nothing: a
-    /// request that passes is judged again by `submit`. The refused client
-    /// is promised a return time for the typical request.
+    /// the queue's state says a request of `class` would break a bound (the
+    /// count, or the prompt tokens ahead of it), as `submit` would after
+    /// parsing and tokenizing it: neither rule depends on its prompt.
+    /// Reserves nothing: a request that passes is judged again by `submit`
+    /// (the queue may have moved, and a request of `n` choices needs `n`
+    /// places). The refused client is promised a return time for the
+    /// typical request.
     pub fn precheck(&self, class: Class) -> Result<(), Refused> {
-        let r = match self.gauge.check(class, 1) {
+        let r = match self.gauge.check(class) {
             Ok(()) => return Ok(()),
             Err(r) => r,
         };
@@ -536,12 +548,9 @@ impl Admission {
             .rejected_before_parsing
             .fetch_add(1, Ordering::Relaxed);
         let typical = self.gauge.typical();
-        let mut refused = self.refused(class, r, typical.prompt_tokens, typical.max_tokens);
-        // Its own prompt is not known: it was not read.
-        if let Refused::QueueFull(q) = &mut refused {
-            q.prompt_tokens = 0;
-        }
-        Err(refused)
+        // Its own prompt is not known (it was not read): its return time is
+        // a typical request's.
+        Err(self.refused(class, r, typical.prompt_tokens, typical.max_tokens))
     }
 
     /// Counts a refusal of the gate and promises the client a return time.
@@ -570,34 +579,52 @@ impl Admission {
             queue_depth_max: r.bounds.queue_depth_max,
             queued_tokens: r.waiting_tokens,
             queued_tokens_max: r.bounds.queued_tokens_max,
-            prompt_tokens: tokens,
             retry_after_ms,
             retry_after_s: retry_after_ms.div_ceil(1000).max(RETRY_AFTER_S_MIN),
         })
     }
 
     pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        self.submit_all(vec![job])
+    }
+
+    /// Submits the jobs of one request (its choices, all of one class): all
+    /// of them are admitted or none is, judged together, so a refused
+    /// request leaves nothing behind in the queue.
+    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), Refused> {
+        let Some(first) = jobs.first() else {
+            return Ok(());
+        };
+        let class = first.class;
+        debug_assert!(jobs.iter().all(|j| j.class == class));
         // Prompt tokens found in the prefix cache are not prefilled: they do
         // not count against the queued-token budget.
-        let tokens = job.queued_tokens();
-        let class = job.class;
+        let tokens: usize = jobs.iter().map(Job::queued_tokens).sum();
+        let max_tokens: usize = jobs.iter().map(|j| j.gen.max_tokens).sum();
         let counters = self.metrics.class(class);
-        if let Err(r) = self.gauge.reserve(class, tokens) {
-            return Err(self.refused(class, r, tokens, job.gen.max_tokens));
+        if let Err(r) = self.gauge.reserve(class, jobs.len(), tokens) {
+            return Err(self.refused(class, r, tokens, max_tokens));
         }
-        match self.tx[class.index()].try_send(job) {
-            Ok(()) => {
-                self.metrics.accepted.fetch_add(1, Ordering::Relaxed);
-                counters.admitted.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            // The gate keeps the channel below its capacity, so only a stopped
-            // engine gets here.
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.gauge.dropped(class, tokens);
-                Err(Refused::EngineStopped)
+        let mut jobs = jobs.into_iter();
+        for job in jobs.by_ref() {
+            let tokens = job.queued_tokens();
+            match self.tx[class.index()].try_send(job) {
+                Ok(()) => {
+                    self.metrics.accepted.fetch_add(1, Ordering::Relaxed);
+                    counters.admitted.fetch_add(1, Ordering::Relaxed);
+                }
+                // The gate keeps the channel below its capacity, so only a
+                // stopped engine gets here: the places not taken go back.
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                    self.gauge.dropped(class, tokens);
+                    for rest in jobs {
+                        self.gauge.dropped(class, rest.queued_tokens());
+                    }
+                    return Err(Refused::EngineStopped);
+                }
             }
         }
+        Ok(())
     }
 }
 
@@ -647,10 +674,10 @@ mod tests {
     fn free_slots_and_the_queue_are_both_capacity() {
         let g = gauge(2, 3, 1000);
         for _ in 0..5 {
-            assert!(g.reserve(I, 10).is_ok());
+            assert!(g.reserve(I, 1, 10).is_ok());
         }
         assert_eq!(
-            g.reserve(I, 10).unwrap_err().bound,
+            g.reserve(I, 1, 10).unwrap_err().bound,
             QueueBound::Requests,
             "2 slots + 3 queued"
         );
@@ -659,45 +686,85 @@ mod tests {
         assert_eq!(g.queued_requests(I), 3);
         drop(first);
         assert!(
-            g.reserve(I, 10).is_ok(),
+            g.reserve(I, 1, 10).is_ok(),
             "a finished request frees its place"
         );
     }
 
     #[test]
-    fn the_token_budget_counts_only_prompts_that_must_wait() {
+    fn the_token_budget_bounds_the_prompts_ahead_of_one_that_must_wait() {
         let g = gauge(1, 3, 1000);
         assert!(
-            g.reserve(I, 5000).is_ok(),
+            g.reserve(I, 1, 5000).is_ok(),
             "a free slot takes any prompt that fits the context"
         );
         let _running = g.started(I, 5000);
-        assert!(g.reserve(I, 600).is_ok());
-        assert_eq!(
-            g.reserve(I, 500).unwrap_err().bound,
-            QueueBound::Tokens,
-            "600 + 500 > 1000"
+        assert!(g.reserve(I, 1, 600).is_ok());
+        assert!(
+            g.reserve(I, 1, 900).is_ok(),
+            "600 ahead of it: its own 900 are its service, not its wait"
         );
-        assert!(g.reserve(I, 400).is_ok(), "a short one still fits");
-        assert_eq!(g.queued_tokens(I), 1000);
-        assert!(g.reserve(I, 0).is_ok(), "a third may wait");
+        assert_eq!(g.queued_tokens(I), 1500);
+        let r = g.reserve(I, 1, 1).unwrap_err();
+        assert_eq!(r.bound, QueueBound::Tokens, "1500 ahead > 1000");
+        assert_eq!(r.waiting_tokens, 1500);
         assert_eq!(
-            g.reserve(I, 0).unwrap_err().bound,
+            g.check(I).unwrap_err().bound,
+            QueueBound::Tokens,
+            "the door's check, without a prompt, says the same"
+        );
+        // The 600 get the slot: 900 ahead, within the budget again.
+        drop(_running);
+        let _next = g.started(I, 600);
+        assert!(g.check(I).is_ok());
+        assert!(g.reserve(I, 1, 0).is_ok());
+        assert!(g.reserve(I, 1, 0).is_ok(), "a third may wait");
+        assert_eq!(
+            g.reserve(I, 1, 0).unwrap_err().bound,
             QueueBound::Requests,
             "1 running + 3 waiting"
         );
     }
 
     #[test]
-    fn a_prompt_over_the_whole_budget_waits_only_in_an_empty_queue() {
+    fn a_prompt_over_the_whole_budget_is_admitted_behind_a_short_queue() {
         let g = gauge(1, 3, 1000);
-        assert!(g.reserve(I, 10).is_ok());
+        assert!(g.reserve(I, 1, 10).is_ok());
         let first = g.started(I, 10);
-        assert!(g.reserve(I, 6000).is_ok(), "nothing waits: it may");
-        assert_eq!(g.reserve(I, 10).unwrap_err().bound, QueueBound::Tokens);
+        assert!(g.reserve(I, 1, 6000).is_ok(), "nothing waits: it may");
+        assert_eq!(
+            g.reserve(I, 1, 10).unwrap_err().bound,
+            QueueBound::Tokens,
+            "6000 ahead of it"
+        );
         drop(first); // the first request ends
         let _long = g.started(I, 6000); // the long one gets the slot
-        assert!(g.reserve(I, 6000).is_ok(), "the queue is empty again");
+        assert!(g.reserve(I, 1, 300).is_ok());
+        assert!(
+            g.reserve(I, 1, 6000).is_ok(),
+            "300 ahead of it: it waits no longer than a short one would"
+        );
+    }
+
+    #[test]
+    fn the_choices_of_one_request_are_admitted_together_or_not_at_all() {
+        let g = gauge(1, 2, 1000);
+        assert!(g.reserve(I, 1, 10).is_ok());
+        let _running = g.started(I, 10);
+        assert!(g.reserve(I, 1, 10).is_ok());
+        assert!(g.check(I).is_ok(), "one place is left");
+        assert_eq!(
+            g.reserve(I, 2, 20).unwrap_err().bound,
+            QueueBound::Requests,
+            "two choices need two places"
+        );
+        assert_eq!(g.queued_requests(I), 1, "nothing of it stayed");
+        assert_eq!(g.queued_tokens(I), 10);
+        assert!(g.reserve(I, 1, 10).is_ok(), "one choice still fits");
+        // With the slot free, two choices take it and one place.
+        let g = gauge(1, 1, 1000);
+        assert!(g.reserve(I, 2, 20).is_ok());
+        assert!(g.reserve(I, 1, 1).is_err());
     }
 
     #[test]
@@ -706,7 +773,7 @@ mod tests {
         let g = QueueGauge::new(1, 1, RATES, [policy(5000, None); 2]);
         assert_eq!(g.snapshot().1[0].queue_depth_max, 4);
         for _ in 0..5 {
-            assert!(g.reserve(I, 10).is_ok());
+            assert!(g.reserve(I, 1, 10).is_ok());
         }
         // The box got four times slower: L_max = ceil(0.167 * 5) = 1.
         g.set_rates(Rates {
@@ -716,7 +783,7 @@ mod tests {
         let b = g.snapshot().1[0];
         assert_eq!(b.queue_depth_max, 1);
         assert_eq!(b.queued_tokens_max, 250);
-        let r = g.reserve(I, 10).unwrap_err();
+        let r = g.reserve(I, 1, 10).unwrap_err();
         assert_eq!(r.bound, QueueBound::Requests, "5 in, 1 + 1 allowed");
         assert_eq!(r.bounds.queue_depth_max, 1, "judged by the live bound");
         // And faster than ever: clamped to 9, never above the channel's ceiling.
@@ -726,10 +793,10 @@ mod tests {
         });
         assert_eq!(g.snapshot().1[0].queue_depth_max, 9);
         for _ in 0..5 {
-            assert!(g.reserve(I, 10).is_ok());
+            assert!(g.reserve(I, 1, 10).is_ok());
         }
         assert_eq!(
-            g.reserve(I, 10).unwrap_err().bound,
+            g.reserve(I, 1, 10).unwrap_err().bound,
             QueueBound::Requests,
             "1 + 9"
         );
@@ -769,20 +836,20 @@ mod tests {
         let p = policy(5000, Some(2));
         let g = Arc::new(QueueGauge::new(3, 2, RATES, [p, p]));
         for _ in 0..4 {
-            assert!(g.reserve(B, 10).is_ok(), "2 batch slots + 2 waiting");
+            assert!(g.reserve(B, 1, 10).is_ok(), "2 batch slots + 2 waiting");
         }
-        assert_eq!(g.reserve(B, 10).unwrap_err().bound, QueueBound::Requests);
+        assert_eq!(g.reserve(B, 1, 10).unwrap_err().bound, QueueBound::Requests);
         let _b1 = g.started(B, 10);
         let _b2 = g.started(B, 10);
         assert_eq!(
-            g.reserve(B, 10).unwrap_err().bound,
+            g.reserve(B, 1, 10).unwrap_err().bound,
             QueueBound::Requests,
             "the third slot is not batch's"
         );
         for _ in 0..3 {
-            assert!(g.reserve(I, 10).is_ok(), "1 free slot + 2 waiting");
+            assert!(g.reserve(I, 1, 10).is_ok(), "1 free slot + 2 waiting");
         }
-        let r = g.reserve(I, 10).unwrap_err();
+        let r = g.reserve(I, 1, 10).unwrap_err();
         assert_eq!(r.bound, QueueBound::Requests);
         assert_eq!(r.waiting, 3, "batch waiting is not ahead of interactive");
         assert_eq!(g.queued_requests(I), 3);
@@ -794,22 +861,22 @@ mod tests {
     fn interactive_requests_waiting_take_the_free_slots_before_batch() {
         let p = policy(5000, Some(1));
         let g = Arc::new(QueueGauge::new(2, 2, RATES, [p, p]));
-        assert!(g.reserve(I, 10).is_ok());
-        assert!(g.reserve(I, 10).is_ok());
+        assert!(g.reserve(I, 1, 10).is_ok());
+        assert!(g.reserve(I, 1, 10).is_ok());
         assert!(
-            g.reserve(B, 10).is_ok(),
+            g.reserve(B, 1, 10).is_ok(),
             "no free slot left for it: it waits"
         );
         assert_eq!(
-            g.reserve(B, 10).unwrap_err().bound,
+            g.reserve(B, 1, 10).unwrap_err().bound,
             QueueBound::Requests,
             "L_max 1 for batch"
         );
         g.dropped(B, 10);
         drop(g.started(I, 10));
         drop(g.started(I, 10));
-        assert!(g.reserve(B, 10).is_ok());
-        assert!(g.reserve(B, 10).is_ok());
-        assert!(g.reserve(B, 10).is_ok(), "2 free slots + 1 waiting");
+        assert!(g.reserve(B, 1, 10).is_ok());
+        assert!(g.reserve(B, 1, 10).is_ok());
+        assert!(g.reserve(B, 1, 10).is_ok(), "2 free slots + 1 waiting");
     }
 }

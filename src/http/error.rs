@@ -264,25 +264,12 @@ impl ApiError {
                 bound: QueueBound::Tokens,
                 queued_tokens,
                 queued_tokens_max,
-                prompt_tokens: 0,
                 retry_after_s,
                 ..
             }) => format!(
-                "server is at capacity: {queued_tokens} prompt tokens are waiting, the most this server \
-                 queues (its queued-token budget is {queued_tokens_max}); estimated wait \
-                 {retry_after_s} s, retry after that"
-            ),
-            ApiError::QueueFull(QueueFull {
-                bound: QueueBound::Tokens,
-                queued_tokens,
-                queued_tokens_max,
-                prompt_tokens,
-                retry_after_s,
-                ..
-            }) => format!(
-                "server is at capacity: {queued_tokens} prompt tokens are waiting and this prompt has \
-                 {prompt_tokens}; the queued-token budget is {queued_tokens_max}; estimated wait \
-                 {retry_after_s} s, retry after that"
+                "server is at capacity: {queued_tokens} prompt tokens are waiting, more than this server \
+                 lets a request wait behind (its queued-token budget is {queued_tokens_max}); estimated \
+                 wait {retry_after_s} s, retry after that"
             ),
             ApiError::Timeout { limit_ms } => {
                 format!("request took longer than the server's limit of {limit_ms} ms")
@@ -442,7 +429,6 @@ mod tests {
             queue_depth_max: 4,
             queued_tokens: 300,
             queued_tokens_max: 1000,
-            prompt_tokens: 20,
             retry_after_ms: 5_400,
             retry_after_s: 6,
         });
@@ -461,9 +447,8 @@ mod tests {
             class: Class::Batch,
             queued: 1,
             queue_depth_max: 4,
-            queued_tokens: 900,
+            queued_tokens: 1200,
             queued_tokens_max: 1000,
-            prompt_tokens: 300,
             retry_after_ms: 5_000,
             retry_after_s: 5,
         });
@@ -506,7 +491,6 @@ mod tests {
             queue_depth_max: 4,
             queued_tokens: 0,
             queued_tokens_max: 1000,
-            prompt_tokens: 20,
             retry_after_ms: 6_000,
             retry_after_s: 6,
         });

@@ -121,6 +121,7 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
     let request_id: Arc<str> = super::request_id(&req).into();
     let mut rxs = Vec::with_capacity(n);
     let mut cancels: Vec<CancelFlag> = Vec::with_capacity(n);
+    let mut jobs = Vec::with_capacity(n);
     for i in 0..n {
         let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
         let cancel = CancelFlag::default();
@@ -151,20 +152,21 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
             // The prompt's log-probabilities need a prefill of each.
             prompt_of: (i > 0 && !echo_logprobs).then_some(id),
         };
-        if let Err(refused) = state.admission.submit(job) {
-            // All of them or none: the choices already queued never run.
-            for c in &cancels {
-                c.cancel(CancelReason::Disconnect, 0);
-            }
-            let e = ApiError::from(refused);
-            // Refused for overload, not for the client's spending: the whole
-            // charge goes back (`bucket` drops with all of it unused).
-            log_request(&path, &tags, t0, &outcome_of_error(&e));
-            respond_error(req, &e);
-            return;
-        }
+        jobs.push(job);
         rxs.push(rx);
         cancels.push(cancel);
+    }
+    // All of them or none: the choices are judged together at the gate.
+    if let Err(refused) = state.admission.submit_all(jobs) {
+        for c in &cancels {
+            c.cancel(CancelReason::Disconnect, 0);
+        }
+        let e = ApiError::from(refused);
+        // Refused for overload, not for the client's spending: the whole
+        // charge goes back (`bucket` drops with all of it unused).
+        log_request(&path, &tags, t0, &outcome_of_error(&e));
+        respond_error(req, &e);
+        return;
     }
     let echo_text = valid
         .echo

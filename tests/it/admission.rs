@@ -111,8 +111,9 @@ fn a_burst_beyond_running_and_queued_capacity_gets_429_with_retry_after() {
 }
 
 #[test]
-fn a_prompt_over_the_queued_token_budget_is_refused_while_a_short_one_is_admitted() {
-    // Budget = 100 prompt tok/s x 5 s = 500 queued prompt tokens.
+fn the_token_budget_bounds_the_prompts_ahead_so_a_long_prompt_waits_behind_a_short_queue() {
+    // Budget = 100 prompt tok/s x 5 s (the default W_max, which sheds
+    // nothing) = 500 prompt tokens ahead of a request that must wait.
     let srv = Server::start(&[
         "--parallel",
         "1",
@@ -123,44 +124,51 @@ fn a_prompt_over_the_queued_token_budget_is_refused_while_a_short_one_is_admitte
         "--mu-decode",
         "100",
         "--mu-fixed",
-        "--queue-wait-ms",
-        "5000",
     ]);
     assert_eq!(srv.metric("sluice_queued_prompt_tokens_max"), 500.0);
     // Occupy the only slot, and put a short request in the queue behind it.
     let running = occupy_a_slot(&srv);
-    let short = |tag: &str| {
+    let send = |prompt: String| {
         let addr = srv.addr;
-        let body = json!({"prompt": format!("Short {tag}."), "max_tokens": 4, "temperature": 0});
+        let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
         std::thread::spawn(move || post_json(addr, "/v1/completions", &body))
     };
-    let first = short("one");
+    let short = send("Short one.".into());
     wait_until(
         Duration::from_secs(30),
         "the short request to queue",
         || srv.metric("sluice_queue_depth") == 1.0,
     );
+    // A ~600-token prompt, over the whole budget, behind a few tokens: its
+    // own prefill is its service, not its wait, so it is admitted.
+    let long = send(long_prompt(30));
+    wait_until(Duration::from_secs(30), "the long prompt to queue", || {
+        srv.metric("sluice_queue_depth") == 2.0
+    });
+    let queued = srv.metric("sluice_queued_prompt_tokens");
+    assert!(queued > 500.0, "{queued} prompt tokens waiting");
 
-    // Room by count (1 of 3), but ~600 prompt tokens would break the budget.
-    let big = srv.post(
+    // Room by count (2 of 3), but more than the budget ahead of it: a
+    // newcomer is refused at the door, whatever its own size, before its
+    // body is read.
+    let parsed_before = srv.metric("sluice_requests_rejected_before_parsing_total");
+    let r = srv.post(
         "/v1/completions",
-        &json!({"prompt": long_prompt(30), "max_tokens": 4}),
+        &json!({"prompt": "Tiny.", "max_tokens": 1}),
     );
-    assert_eq!(big.status, 429);
-    let v = big.body_json();
+    assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.body_json();
     assert_eq!(v["error"]["code"], "queue_token_budget", "{v}");
-    assert!(big.header("Retry-After").is_some());
-    // A short one still fits.
-    let second = short("two");
-    wait_until(
-        Duration::from_secs(30),
-        "the second short request to queue",
-        || srv.metric("sluice_queue_depth") == 2.0,
+    assert!(r.header("Retry-After").is_some());
+    assert_eq!(
+        srv.metric("sluice_requests_rejected_before_parsing_total") - parsed_before,
+        1.0,
+        "refused before parsing"
     );
 
     drop(running); // the slot frees; both queued requests run
-    assert_eq!(first.join().unwrap().status, 200);
-    assert_eq!(second.join().unwrap().status, 200);
+    assert_eq!(short.join().unwrap().status, 200);
+    assert_eq!(long.join().unwrap().status, 200);
     assert_eq!(
         srv.metric("sluice_requests_rejected_total{reason=\"token_budget\"}"),
         1.0

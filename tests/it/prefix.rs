@@ -259,7 +259,15 @@ fn cached_tokens_are_charged_neither_to_the_client_nor_to_the_token_budget() {
 
     // The queued-token budget (100) counts only what will be prefilled: with
     // the one slot busy, the cached prompt waits in the queue as 1 token.
-    let srv = Server::start(&["--parallel", "1", "--queued-tokens-max", "100", "--no-shed"]);
+    let srv = Server::start(&[
+        "--parallel",
+        "1",
+        "--queue-depth",
+        "3",
+        "--queued-tokens-max",
+        "100",
+        "--no-shed",
+    ]);
     complete(&srv, body(&prompt, 1));
     let stop = Arc::new(AtomicBool::new(false));
     let busy = {
@@ -282,14 +290,24 @@ fn cached_tokens_are_charged_neither_to_the_client_nor_to_the_token_budget() {
         srv.metric("sluice_queue_depth") == 1.0
     });
     assert_eq!(srv.metric("sluice_queued_prompt_tokens"), 1.0);
-    // Beside it, a fresh prompt would break the budget: refused at once.
-    let r = srv.post("/v1/completions", &body(&fresh, 1));
+    // Behind its 1 token, a fresh prompt of the same size is admitted (had
+    // the cached one counted in full, the door would have refused it) ...
+    let fresh_waiting = {
+        let (addr, b) = (srv.addr, body(&fresh, 1));
+        std::thread::spawn(move || post_json(addr, "/v1/completions", &b))
+    };
+    wait_until(Duration::from_secs(60), "the fresh prompt to wait", || {
+        srv.metric("sluice_queue_depth") == 2.0
+    });
+    assert!(srv.metric("sluice_queued_prompt_tokens") > 300.0);
+    // ... and behind both, the budget is spent: refused at once.
+    let r = srv.post("/v1/completions", &body("Hi.", 1));
     assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
     let v = r.body_json();
     assert_eq!(v["error"]["code"], "queue_token_budget", "{v}");
-    assert_eq!(v["error"]["queue"]["prompt_tokens"], 1, "{v}");
     stop.store(true, Ordering::Relaxed);
     busy.join().expect("busy stream");
+    assert_eq!(fresh_waiting.join().expect("fresh request").status, 200);
     let w = waiting.join().expect("waiting request");
     assert_eq!(w.status, 200);
     assert_eq!(cached_tokens(&w.body_json()), n - 1);

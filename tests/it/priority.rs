@@ -298,8 +298,6 @@ fn ten_thousand_client_addresses_do_not_grow_the_bucket_table_past_its_bound() {
         "1",
         "--queue-depth",
         "2",
-        "--queued-tokens-max",
-        "20",
         "--no-shed",
         "--client-rate",
         "1",
@@ -310,17 +308,17 @@ fn ten_thousand_client_addresses_do_not_grow_the_bucket_table_past_its_bound() {
     ]);
     let addr = srv.addr;
     // 127.0.0.1 takes the slot and a queue place: it owes about 8,000 tokens
-    // of work. A queue place stays free and the queued prompt is short, so
-    // that the others pass the door (a full queue refuses before any bucket
-    // is touched) and are refused by the token budget once their prompts are
-    // counted, after their buckets were charged.
+    // of work. One queue place stays free, so that the others pass the door
+    // (a full queue refuses before any bucket is touched); each asks for two
+    // choices, which need two places together, so each is refused by the
+    // gate after its bucket was charged.
     let _running = stream(addr, &body("Count on.", 4000, true), &[]);
     let filler = std::thread::spawn(move || post(addr, &body("Wait.", 4000, false), &[]));
     wait_until(Duration::from_secs(30), "the queue filled", || {
         srv.metric("sluice_queue_depth") == 1.0
     });
-    // 10,000 other clients: each is charged, refused by the queued-token
-    // budget, and refunded; each takes a place in the table while it is asked.
+    // 10,000 other clients: each is charged, refused by the queue bound, and
+    // refunded; each takes a place in the table while it is asked.
     let long = "Hi there. ".repeat(20);
     let threads = 4;
     let per = 2500;
@@ -331,9 +329,11 @@ fn ten_thousand_client_addresses_do_not_grow_the_bucket_table_past_its_bound() {
                 for i in 0..per {
                     let n = (t * per + i) as u32;
                     let from = Ipv4Addr::from(0x7f01_0001 + n);
-                    let r = post_from(addr, from, &body(&long, 1, false));
+                    let mut b = body(&long, 1, false);
+                    b["n"] = json!(2);
+                    let r = post_from(addr, from, &b);
                     assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
-                    assert_eq!(r.body_json()["error"]["code"], "queue_token_budget");
+                    assert_eq!(r.body_json()["error"]["code"], "queue_full");
                 }
             })
         })
