@@ -38,7 +38,7 @@ use crate::embed::EmbedSpec;
 use crate::ffi::{SamplingParams, Token};
 use crate::metrics::Metrics;
 use crate::priority::Class;
-use crate::stream::{CancelFlag, Event};
+use crate::stream::{CancelFlag, CancelReason, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -605,20 +605,27 @@ impl Admission {
         if let Err(r) = self.gauge.reserve(class, jobs.len(), tokens) {
             return Err(self.refused(class, r, tokens, max_tokens));
         }
+        let mut sent: Vec<CancelFlag> = Vec::with_capacity(jobs.len());
         let mut jobs = jobs.into_iter();
         for job in jobs.by_ref() {
             let tokens = job.queued_tokens();
+            let cancel = job.cancel.clone();
             match self.tx[class.index()].try_send(job) {
                 Ok(()) => {
                     self.metrics.accepted.fetch_add(1, Ordering::Relaxed);
                     counters.admitted.fetch_add(1, Ordering::Relaxed);
+                    sent.push(cancel);
                 }
                 // The gate keeps the channel below its capacity, so only a
-                // stopped engine gets here: the places not taken go back.
+                // stopped engine gets here: the places not taken go back,
+                // and the choices already sent never run.
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                     self.gauge.dropped(class, tokens);
                     for rest in jobs {
                         self.gauge.dropped(class, rest.queued_tokens());
+                    }
+                    for c in &sent {
+                        c.cancel(CancelReason::Disconnect, 0);
                     }
                     return Err(Refused::EngineStopped);
                 }

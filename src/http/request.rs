@@ -12,7 +12,7 @@ use crate::auth;
 use crate::ffi::{SamplingParams, Token};
 use crate::priority::Class;
 use crate::ratelimit::{ClientId, Limit, RateLimiter};
-use crate::stream::{CancelFlag, CancelReason};
+use crate::stream::CancelFlag;
 use crossbeam_channel::bounded;
 use std::io::Read;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -156,11 +156,8 @@ pub(super) fn generate(state: &AppState, mut req: Request, api: Api) {
         rxs.push(rx);
         cancels.push(cancel);
     }
-    // All of them or none: the choices are judged together at the gate.
+    // All of them or none: a refused request leaves nothing in the queue.
     if let Err(refused) = state.admission.submit_all(jobs) {
-        for c in &cancels {
-            c.cancel(CancelReason::Disconnect, 0);
-        }
         let e = ApiError::from(refused);
         // Refused for overload, not for the client's spending: the whole
         // charge goes back (`bucket` drops with all of it unused).
