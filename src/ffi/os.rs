@@ -38,6 +38,23 @@ pub fn set_tcp_nodelay(listener: &std::net::TcpListener) -> std::io::Result<()> 
     }
 }
 
+/// Sets the accept queue of a listening socket to `backlog` connections (the
+/// kernel caps it at `net.core.somaxconn`). Rust's `TcpListener::bind` asks for
+/// 128; a burst beyond that drops the clients' SYNs, and each dropped client
+/// waits a whole second for its retransmit while the server is idle.
+pub fn set_listen_backlog(listener: &std::net::TcpListener, backlog: u32) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let backlog = libc::c_int::try_from(backlog).unwrap_or(libc::c_int::MAX);
+    // SAFETY: listen(2) on an open socket that is already listening only
+    // changes its queue's length.
+    let rc = unsafe { libc::listen(listener.as_raw_fd(), backlog) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
 /// Sets the send timeout and the send buffer of a listening socket; Linux
 /// copies both to accepted sockets. The timeout makes a write to a peer that
 /// takes nothing fail instead of holding its thread (tiny_http narrows it, for

@@ -50,6 +50,12 @@ use validation::Api;
 /// The engine loop turns at least every 100 ms when idle and once per step when
 /// busy; a step is at most `--step-tokens` tokens. Silence this long means wedged.
 const LIVENESS_STALE: Duration = Duration::from_secs(120);
+/// Connections the kernel holds for accept. At the connection bound each
+/// accept closes the longest-waiting connection for room, so a burst of
+/// connects can outrun the accept loop for a moment; a full queue drops SYNs,
+/// and a dropped client waits a second for its retransmit. Bounded all the
+/// same (and capped by `net.core.somaxconn`).
+pub const LISTEN_BACKLOG: u32 = 1024;
 /// Longest request line or header line; over it, 431.
 pub const HEADER_LINE_BYTES_MAX: usize = 8 * 1024;
 /// Most header lines; over it, 431.
@@ -165,6 +171,8 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
     // Accepted sockets inherit TCP_NODELAY from the listener; without it Nagle's
     // algorithm and delayed ACKs add tens of milliseconds to every token.
     ffi::set_tcp_nodelay(&listener).map_err(|e| format!("cannot set TCP_NODELAY: {e}"))?;
+    ffi::set_listen_backlog(&listener, LISTEN_BACKLOG)
+        .map_err(|e| format!("cannot set the listen backlog: {e}"))?;
     ffi::set_send_limits(
         &listener,
         state.cfg.stall_timeout,

@@ -203,9 +203,10 @@ fn a_slow_reader_pauses_its_own_sequence_and_is_cancelled_after_the_stall_timeou
 
 #[test]
 fn a_stream_that_left_the_queue_gets_its_head_and_keep_alives_until_its_first_token() {
-    // A ~6,000-token prompt takes far longer than 10 ms to prefill on any CPU.
+    // A ~750-token prompt takes far longer than 10 ms to prefill on any CPU
+    // (some 200 GFLOP; 2 cores of AMX at their peak need 0.1 s).
     let srv = Server::start(&["--sse-keep-alive-ms", "10"]);
-    let body = json!({"messages": [{"role": "user", "content": long_prompt(300)}],
+    let body = json!({"messages": [{"role": "user", "content": long_prompt(40)}],
                       "stream": true, "max_tokens": 4, "temperature": 0});
     let mut sse = Sse::open(srv.addr, "/v1/chat/completions", &body);
     assert_eq!(sse.status, 200);

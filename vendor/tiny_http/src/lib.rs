@@ -341,18 +341,20 @@ impl Server {
                             // read returns); one that has just answered its
                             // last request is ending too. Wait for that,
                             // briefly, so that threads stay within the bound.
+                            // The evicted connection's thread usually ends
+                            // within tens of microseconds: poll finely, or
+                            // the accept loop, not the clients, sets the
+                            // pace of a connection flood.
                             let evicted = shared.waiting.evict_oldest();
-                            let grace_ms = if evicted {
+                            let grace = if evicted {
                                 stats.evicted.fetch_add(1, Relaxed);
-                                50
+                                Duration::from_millis(50)
                             } else {
-                                5
+                                Duration::from_millis(5)
                             };
-                            for _ in 0..grace_ms * 2 {
-                                if stats.open.load(Relaxed) < max {
-                                    break;
-                                }
-                                thread::sleep(Duration::from_micros(500));
+                            let waited = std::time::Instant::now();
+                            while stats.open.load(Relaxed) >= max && waited.elapsed() < grace {
+                                thread::sleep(Duration::from_micros(20));
                             }
                             if stats.open.load(Relaxed) >= max {
                                 stats.refused_connections.fetch_add(1, Relaxed);
