@@ -436,6 +436,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     // Until a stop signal: watch the engine, and pet systemd's watchdog only
     // while the engine loop turns (a busy engine turns; a wedged one does not).
     let mut petted = Instant::now();
+    let mut accept_errors = AcceptErrors::default();
     while signals.load(Ordering::SeqCst) == 0 {
         std::thread::sleep(MAIN_TICK);
         if engine_thread.is_finished() {
@@ -444,6 +445,7 @@ fn serve(cfg: Config) -> Result<(), String> {
         if !front.is_accepting() {
             return Err("the HTTP server stopped accepting connections".into());
         }
+        accept_errors.report(front.accept_errors());
         if let Some(w) = notifier.watchdog {
             if petted.elapsed() >= w / 2 && state.metrics.heartbeat_age() < w / 2 {
                 notifier.notify("WATCHDOG=1");
@@ -491,6 +493,35 @@ struct Started {
 
 /// How often the main thread looks at signals, the engine and the drain.
 const MAIN_TICK: Duration = Duration::from_millis(20);
+/// At most one log line per this long about failed accepts (the accept loop
+/// retries every 50 ms while, say, descriptors are out).
+const ACCEPT_ERRORS_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Says in the log when accepting connections fails (and is retried), at
+/// most once per `ACCEPT_ERRORS_LOG_EVERY`, with how many failed since.
+#[derive(Default)]
+struct AcceptErrors {
+    reported: u64,
+    at: Option<Instant>,
+}
+
+impl AcceptErrors {
+    fn report(&mut self, (count, last): (u64, std::io::Error)) {
+        if count == self.reported
+            || self
+                .at
+                .is_some_and(|t| t.elapsed() < ACCEPT_ERRORS_LOG_EVERY)
+        {
+            return;
+        }
+        crate::say!(
+            "sluice: accepting connections failed {} times (retried every 50 ms; waiting connections stay in the listen queue): {last}",
+            count - self.reported
+        );
+        self.reported = count;
+        self.at = Some(Instant::now());
+    }
+}
 /// After the drain's deadline, how long the handlers get to write the cancelled
 /// requests' last events.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);

@@ -164,6 +164,16 @@ impl Front {
     pub fn is_accepting(&self) -> bool {
         self.server.is_accepting()
     }
+
+    /// Accepts that failed and were waited out so far (out of descriptors or
+    /// memory, ...), and the last one's error.
+    pub fn accept_errors(&self) -> (u64, std::io::Error) {
+        let st = self.server.stats();
+        (
+            st.accept_errors.load(Ordering::Relaxed),
+            std::io::Error::from_raw_os_error(st.last_accept_errno.load(Ordering::Relaxed)),
+        )
+    }
 }
 
 /// Starts tiny_http on `listener` and the handler pool.

@@ -225,6 +225,11 @@ fn front_text(state: &AppState, out: &mut String) {
             st.evicted.load(Relaxed),
         ),
         (
+            "sluice_http_accept_errors_total",
+            "Accepts that failed and were retried (out of file descriptors or memory, a connection reset before it was accepted).",
+            st.accept_errors.load(Relaxed),
+        ),
+        (
             "sluice_http_write_failures_total",
             "Responses whose writing failed: the client left, or read nothing within the write deadline.",
             st.write_failed.load(Relaxed),

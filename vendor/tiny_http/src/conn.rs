@@ -56,6 +56,11 @@ pub struct FrontStats {
     pub too_large: AtomicU64,
     /// Responses whose writing failed (the client left, or did not read in time).
     pub write_failed: AtomicU64,
+    /// Accepts that failed and were waited out (out of descriptors or
+    /// memory, a connection reset before it was accepted), and the OS error
+    /// code of the last one.
+    pub accept_errors: AtomicU64,
+    pub last_accept_errno: std::sync::atomic::AtomicI32,
 }
 
 /// What the connection thread shares with the accept thread.

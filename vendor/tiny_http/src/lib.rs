@@ -389,6 +389,11 @@ impl Server {
                     // end it visibly (`Server::is_accepting`).
                     Err(e) if accept_error_passes(&e) => {
                         log::error!("Error accepting new client (retrying): {}", e);
+                        let stats = &shared.stats;
+                        stats
+                            .last_accept_errno
+                            .store(e.raw_os_error().unwrap_or(0), Relaxed);
+                        stats.accept_errors.fetch_add(1, Relaxed);
                         thread::sleep(Duration::from_millis(50));
                     }
                     Err(e) => {
