@@ -135,14 +135,14 @@ fn the_token_budget_bounds_the_prompts_ahead_so_a_long_prompt_waits_behind_a_sho
     };
     let short = send("Short one.".into());
     wait_until(
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         "the short request to queue",
         || srv.metric("sluice_queue_depth") == 1.0,
     );
     // A ~600-token prompt, over the whole budget, behind a few tokens: its
     // own prefill is its service, not its wait, so it is admitted.
     let long = send(long_prompt(30));
-    wait_until(Duration::from_secs(30), "the long prompt to queue", || {
+    wait_until(Duration::from_secs(120), "the long prompt to queue", || {
         srv.metric("sluice_queue_depth") == 2.0
     });
     let queued = srv.metric("sluice_queued_prompt_tokens");
@@ -228,7 +228,7 @@ fn a_request_whose_deadline_passes_in_the_queue_is_never_run() {
     // Free the slot: the engine dequeues the expired requests and drops them.
     drop(running);
     wait_until(
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         "the expired requests to be dropped",
         || srv.metric("sluice_requests_dropped_total{reason=\"deadline\"}") == 2.0,
     );
@@ -341,9 +341,11 @@ fn under_sustained_overload_readyz_turns_503_and_back_while_livez_stays_200() {
         shed.load(Ordering::Relaxed) as f64
     );
     // Load stopped: the queue drains and the server is ready again.
-    wait_until(Duration::from_secs(30), "/readyz to turn 200 again", || {
-        request(srv.addr, "GET", "/readyz", None, &[]).status == 200
-    });
+    wait_until(
+        Duration::from_secs(120),
+        "/readyz to turn 200 again",
+        || request(srv.addr, "GET", "/readyz", None, &[]).status == 200,
+    );
     assert_eq!(request(srv.addr, "GET", "/livez", None, &[]).status, 200);
 }
 
@@ -378,12 +380,14 @@ fn past_the_sojourn_target_only_requests_that_can_still_meet_w_max_start() {
     // About 3,000 prompt tokens: seconds of prefill on a CPU, far past what is
     // left of the budget once it has waited; then a short one.
     let long = send(long_prompt(150));
-    wait_until(Duration::from_secs(30), "the long request to queue", || {
-        srv.metric("sluice_queue_depth") == 1.0
-    });
+    wait_until(
+        Duration::from_secs(120),
+        "the long request to queue",
+        || srv.metric("sluice_queue_depth") == 1.0,
+    );
     let short = send("Say hi.".into());
     wait_until(
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         "the short request to queue",
         || srv.metric("sluice_queue_depth") == 2.0,
     );
@@ -567,7 +571,7 @@ fn a_full_queue() -> (Server, Sse, std::thread::JoinHandle<Response>) {
         let body = json!({"prompt": "Say hi.", "max_tokens": 2});
         std::thread::spawn(move || post_json(addr, "/v1/completions", &body))
     };
-    wait_until(Duration::from_secs(60), "a request to queue", || {
+    wait_until(Duration::from_secs(120), "a request to queue", || {
         srv.metric("sluice_queue_depth") == 1.0
     });
     (srv, running, queued)

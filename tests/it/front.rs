@@ -319,7 +319,7 @@ fn malformed_framing_gets_one_answer_and_a_closed_connection() {
     );
     assert_eq!(statuses(&text), vec![404]);
     wait_until(
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         "the control request's log line",
         || srv.log().contains("/after-control"),
     );
@@ -363,7 +363,7 @@ fn a_handler_panic_is_answered_500_counted_and_the_handlers_go_on() {
     }
     // The 500 goes out while the panic unwinds, before its handler counts
     // it: the count may trail the last answer for a moment.
-    wait_until(Duration::from_secs(60), "every panic counted", || {
+    wait_until(Duration::from_secs(120), "every panic counted", || {
         srv.metric("sluice_http_handler_panics_total") >= (handlers + 4) as f64
     });
     assert_eq!(
@@ -375,7 +375,7 @@ fn a_handler_panic_is_answered_500_counted_and_the_handlers_go_on() {
     }
     chat_completes(srv.addr);
     // (The chat's handler may still be logging after its answer went out.)
-    wait_until(Duration::from_secs(60), "no handler busy", || {
+    wait_until(Duration::from_secs(120), "no handler busy", || {
         srv.metric("sluice_http_handlers_busy") == 0.0
     });
 }
@@ -469,7 +469,7 @@ fn only_allowed_hosts_and_origins_are_served() {
         srv.metric("sluice_requests_rejected_total{reason=\"forbidden\"}"),
         3.0
     );
-    wait_until(Duration::from_secs(60), "the refusals' log lines", || {
+    wait_until(Duration::from_secs(120), "the refusals' log lines", || {
         let log = srv.log();
         log.matches(" 403 forbidden_").count() == 3 && log.matches(" 415 ").count() == 2
     });
@@ -546,7 +546,7 @@ fn a_kept_alive_connection_carries_request_after_request() {
     assert_eq!(statuses(&text), vec![200, 200, 200, 200], "{text}");
     assert_eq!(text.matches("data: [DONE]").count(), 1, "{text}");
     // Only the scrape's own connection is left.
-    wait_until(Duration::from_secs(60), "the connection to close", || {
+    wait_until(Duration::from_secs(120), "the connection to close", || {
         srv.metric("sluice_http_connections") == 1.0
     });
 }
@@ -577,7 +577,7 @@ fn a_full_handler_queue_answers_503_from_the_connection_at_once() {
     );
     // Every handler held (each says so in the log; nothing could scrape).
     let held: Vec<TcpStream> = (0..4).map(|_| hold(srv.addr)).collect();
-    wait_until(Duration::from_secs(60), "four handlers held", || {
+    wait_until(Duration::from_secs(120), "four handlers held", || {
         srv.log().matches("a handler holds a request").count() == 4
     });
     // Two more: one fits the queue, the other gets 503 from its connection
@@ -591,7 +591,7 @@ fn a_full_handler_queue_answers_503_from_the_connection_at_once() {
         })
         .collect();
     let mut first_answered = None;
-    wait_until(Duration::from_secs(60), "one of the two answered", || {
+    wait_until(Duration::from_secs(120), "one of the two answered", || {
         first_answered = two.iter().position(has_answer);
         first_answered.is_some()
     });
@@ -612,7 +612,7 @@ fn a_full_handler_queue_answers_503_from_the_connection_at_once() {
     queued.read_to_string(&mut answer).expect("queued answer");
     assert_eq!(statuses(&answer), vec![200], "{answer}");
     assert!(srv.metric("sluice_http_refused_total{reason=\"handler_queue_full\"}") >= 1.0);
-    wait_until(Duration::from_secs(60), "the handlers free", || {
+    wait_until(Duration::from_secs(120), "the handlers free", || {
         srv.metric("sluice_http_handlers_busy") == 0.0
     });
 }
@@ -662,7 +662,7 @@ fn at_the_connection_bound_with_none_waiting_a_new_connection_gets_503() {
     // Two connections whose requests are in handlers' hands (so not waiting
     // on their client, never closed for room) and one that sends nothing.
     let held: Vec<TcpStream> = (0..2).map(|_| hold(srv.addr)).collect();
-    wait_until(Duration::from_secs(60), "two handlers held", || {
+    wait_until(Duration::from_secs(120), "two handlers held", || {
         srv.metric("sluice_http_handlers_busy") == 2.0
     });
     // A new connection takes the silent one's place: it is closed for room.
@@ -672,7 +672,7 @@ fn at_the_connection_bound_with_none_waiting_a_new_connection_gets_503() {
     // Every 503 this test sees is one the server counted.
     let mut refusals_seen = 0u32;
     wait_until(
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         "the silent connection closed",
         || {
             let text = exchange(srv.addr, livez);
@@ -694,7 +694,7 @@ fn at_the_connection_bound_with_none_waiting_a_new_connection_gets_503() {
     // one is refused at once, with a 503 written by the accept thread.
     let mut third = hold(srv.addr);
     let mut text = String::new();
-    wait_until(Duration::from_secs(60), "a new connection refused", || {
+    wait_until(Duration::from_secs(120), "a new connection refused", || {
         if fate(&mut third) != Fate::Open {
             // Closed for room before its request reached a handler.
             third = hold(srv.addr);
@@ -711,7 +711,7 @@ fn at_the_connection_bound_with_none_waiting_a_new_connection_gets_503() {
     assert_spread_wait(&text);
     drop(third);
     drop(held);
-    wait_until(Duration::from_secs(60), "service again", || {
+    wait_until(Duration::from_secs(120), "service again", || {
         statuses(&exchange(srv.addr, livez)).first() == Some(&200)
     });
     let counted = srv.metric("sluice_http_refused_total{reason=\"connections_full\"}");

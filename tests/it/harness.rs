@@ -19,9 +19,9 @@ pub use sluice_bench::http::Response;
 const STARTUP_WAIT_S: u64 = 60;
 /// Socket timeout: generous, since a 6k-token prefill takes a minute or more here.
 const SOCKET_TIMEOUT: Duration = Duration::from_secs(900);
-/// The least `wait_until` waits for a state before the test fails: long
-/// enough that only a hang, not a slow box, reaches it.
-const WAIT_FAILSAFE: Duration = Duration::from_secs(600);
+/// The least limit a `wait_until` may give: long enough that only a hang,
+/// not a slow box, reaches it.
+const WAIT_LIMIT_MIN: Duration = Duration::from_secs(120);
 
 pub fn model_path() -> PathBuf {
     let p =
@@ -311,10 +311,15 @@ pub fn rss_kb(pid: u32) -> u64 {
 }
 
 /// Waits until `cond` holds, polling; panics with `what` after `limit`.
+///
+/// The limit is a fail-safe against a hang, not a deadline: a busy or slow
+/// box only makes the state come later, so callers give at least 2 minutes
+/// (every state waited for comes within seconds on an idle 2-core box).
 pub fn wait_until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    // A fail-safe, not a deadline: a busy or slow box only makes the state
-    // come later, so no wait gives up before WAIT_FAILSAFE.
-    let limit = limit.max(WAIT_FAILSAFE);
+    assert!(
+        limit >= WAIT_LIMIT_MIN,
+        "wait_until({what}): a limit under {WAIT_LIMIT_MIN:?} is a deadline a slow box could miss"
+    );
     let start = Instant::now();
     while !cond() {
         assert!(start.elapsed() < limit, "timed out waiting for {what}");

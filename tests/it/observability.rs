@@ -328,7 +328,7 @@ fn a_request_id_is_echoed_and_logged_and_a_bad_one_is_replaced() {
     let r = chat("abc-123");
     assert_eq!(r.status, 200);
     assert_eq!(r.header("x-request-id"), Some("abc-123"));
-    wait_until(Duration::from_secs(60), "the request's log line", || {
+    wait_until(Duration::from_secs(120), "the request's log line", || {
         srv.log()
             .lines()
             .any(|l| l.contains("POST /v1/chat/completions 200 id=abc-123 "))
@@ -348,7 +348,7 @@ fn a_request_id_is_echoed_and_logged_and_a_bad_one_is_replaced() {
     assert_eq!(bad.header("x-request-id"), Some("err-9"));
     let v: Value = serde_json::from_slice(&bad.body).unwrap();
     assert_eq!(v["error"]["request_id"], "err-9", "{v}");
-    wait_until(Duration::from_secs(60), "the error's log line", || {
+    wait_until(Duration::from_secs(120), "the error's log line", || {
         srv.log().lines().any(|l| l.contains(" 400 id=err-9 "))
     });
     // Too long, or with characters a log line or header must not carry:
@@ -393,7 +393,7 @@ fn json_logs_are_one_object_a_line_with_the_requests_fields() {
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
             .find(|v| v["id"] == "json-1")
     };
-    wait_until(Duration::from_secs(60), "the request's JSON line", || {
+    wait_until(Duration::from_secs(120), "the request's JSON line", || {
         line(&srv.log()).is_some()
     });
     let log = srv.log();

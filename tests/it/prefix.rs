@@ -279,16 +279,18 @@ fn cached_tokens_are_charged_neither_to_the_client_nor_to_the_token_budget() {
             while !stop.load(Ordering::Relaxed) && s.next_json().is_some() {}
         })
     };
-    wait_until(Duration::from_secs(60), "the slot to be busy", || {
+    wait_until(Duration::from_secs(120), "the slot to be busy", || {
         srv.metric("sluice_sequences_active") == 1.0
     });
     let waiting = {
         let (addr, b) = (srv.addr, body(&prompt, 1));
         std::thread::spawn(move || post_json(addr, "/v1/completions", &b))
     };
-    wait_until(Duration::from_secs(60), "the cached prompt to wait", || {
-        srv.metric("sluice_queue_depth") == 1.0
-    });
+    wait_until(
+        Duration::from_secs(120),
+        "the cached prompt to wait",
+        || srv.metric("sluice_queue_depth") == 1.0,
+    );
     assert_eq!(srv.metric("sluice_queued_prompt_tokens"), 1.0);
     // Behind its 1 token, a fresh prompt of the same size is admitted (had
     // the cached one counted in full, the door would have refused it) ...
@@ -296,7 +298,7 @@ fn cached_tokens_are_charged_neither_to_the_client_nor_to_the_token_budget() {
         let (addr, b) = (srv.addr, body(&fresh, 1));
         std::thread::spawn(move || post_json(addr, "/v1/completions", &b))
     };
-    wait_until(Duration::from_secs(60), "the fresh prompt to wait", || {
+    wait_until(Duration::from_secs(120), "the fresh prompt to wait", || {
         srv.metric("sluice_queue_depth") == 2.0
     });
     assert!(srv.metric("sluice_queued_prompt_tokens") > 300.0);

@@ -89,7 +89,7 @@ fn an_interactive_request_starts_before_batch_requests_queued_ahead_of_it() {
         .map(|i| {
             let b = body(&format!("Batch job {i}."), 20, false);
             let h = std::thread::spawn(move || post(addr, &b, &[BATCH]));
-            wait_until(Duration::from_secs(30), "a batch request queued", || {
+            wait_until(Duration::from_secs(120), "a batch request queued", || {
                 srv.metric("sluice_class_queue_depth{class=\"batch\"}") == (i + 1) as f64
             });
             h
@@ -115,7 +115,7 @@ fn an_interactive_request_starts_before_batch_requests_queued_ahead_of_it() {
         (sse.status, first, sse)
     });
     wait_until(
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         "the interactive request queued",
         || srv.metric("sluice_class_queue_depth{class=\"interactive\"}") == 1.0,
     );
@@ -149,9 +149,11 @@ fn with_batch_work_on_every_slot_it_may_use_an_interactive_request_starts_at_onc
             std::thread::spawn(move || post(addr, &b, &[BATCH]))
         })
         .collect();
-    wait_until(Duration::from_secs(30), "two batch requests queued", || {
-        srv.metric("sluice_class_queue_depth{class=\"batch\"}") == 2.0
-    });
+    wait_until(
+        Duration::from_secs(120),
+        "two batch requests queued",
+        || srv.metric("sluice_class_queue_depth{class=\"batch\"}") == 2.0,
+    );
     assert_eq!(
         srv.metric("sluice_sequences_active"),
         1.0,
@@ -195,7 +197,7 @@ fn a_flood_of_batch_requests_is_refused_while_interactive_requests_are_all_admit
             })
         })
         .collect();
-    wait_until(Duration::from_secs(30), "the batch queue filled", || {
+    wait_until(Duration::from_secs(120), "the batch queue filled", || {
         srv.metric("sluice_class_queue_depth{class=\"batch\"}") == 2.0
     });
     // Interactive requests, one at a time, while the batch requests run and wait.
@@ -315,7 +317,7 @@ fn ten_thousand_client_addresses_do_not_grow_the_bucket_table_past_its_bound() {
     // it runs when the stream is dropped at the end.)
     let _running = stream(addr, &body("Count on.", 4000, true), &[]);
     let filler = std::thread::spawn(move || post(addr, &body("Wait.", 1, false), &[]));
-    wait_until(Duration::from_secs(30), "the queue filled", || {
+    wait_until(Duration::from_secs(120), "the queue filled", || {
         srv.metric("sluice_queue_depth") == 1.0
     });
     // 10,000 other clients: each is charged, refused by the queue bound, and
@@ -432,7 +434,7 @@ fn a_batch_request_waiting_for_kv_cells_does_not_hold_up_interactive_ones() {
     let _running = stream(addr, &body("Count on.", 5300, true), &[BATCH]);
     let blocked = std::thread::spawn(move || post(addr, &body("Count on.", 300, false), &[BATCH]));
     wait_until(
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         "the second batch request queued",
         || srv.metric("sluice_class_queue_depth{class=\"batch\"}") == 1.0,
     );

@@ -56,7 +56,7 @@ impl Haproxy {
             });
         }
         let h = Haproxy { child, addr, log };
-        wait_until(Duration::from_secs(20), "HAProxy listening", || {
+        wait_until(Duration::from_secs(120), "HAProxy listening", || {
             http::connect(addr, Duration::from_secs(1)).is_ok()
         });
         h
@@ -68,7 +68,7 @@ impl Haproxy {
 
     /// Waits until HAProxy has logged `what` `times` times in all.
     fn wait_for(&self, what: &str, times: usize) {
-        wait_until(Duration::from_secs(60), what, || {
+        wait_until(Duration::from_secs(120), what, || {
             self.log().matches(what).count() >= times
         });
     }
@@ -153,11 +153,11 @@ fn a_saturated_replica_leaves_rotation_and_the_other_serves() {
             s.map(|s| s.status)
         }
     });
-    wait_until(Duration::from_secs(30), "replica 1's queue full", || {
+    wait_until(Duration::from_secs(120), "replica 1's queue full", || {
         r1.metric("sluice_queue_depth") == 1.0
     });
     // Its queued request waits past the sojourn target: not ready.
-    wait_until(Duration::from_secs(30), "replica 1 not ready", || {
+    wait_until(Duration::from_secs(120), "replica 1 not ready", || {
         let r = request(r1.addr, "GET", "/readyz", None, &[]);
         r.status == 503 && r.body_json()["reason"] == "queue sojourn above target"
     });
@@ -194,7 +194,7 @@ fn a_draining_replica_loses_no_request_and_a_started_stream_is_not_sent_twice() 
         v => panic!("served by '{v}'"),
     };
     victim.signal("TERM");
-    wait_until(Duration::from_secs(10), "the replica not ready", || {
+    wait_until(Duration::from_secs(120), "the replica not ready", || {
         let r = request(victim.addr, "GET", "/readyz", None, &[]);
         r.status == 503 && r.body_json()["reason"] == "draining"
     });

@@ -20,7 +20,7 @@ fn on_sigterm_the_running_stream_finishes_new_requests_get_503_and_sluice_exits_
     let mut srv = Server::start(&[]);
     let mut stream = long_stream(&srv, 200);
     srv.signal("TERM");
-    wait_until(Duration::from_secs(10), "/readyz to say draining", || {
+    wait_until(Duration::from_secs(120), "/readyz to say draining", || {
         request(srv.addr, "GET", "/readyz", None, &[]).status == 503
     });
     let r = srv.post("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 4}));

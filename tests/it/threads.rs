@@ -59,7 +59,7 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
     // Every connection gets its own thread (with tiny_http's task pool as
     // patched in vendor/tiny_http; upstream left a burst queued behind idle ones).
     wait_until(
-        Duration::from_secs(30),
+        Duration::from_secs(120),
         "every connection to get its thread",
         || {
             thread_counts(srv.pid())
