@@ -318,12 +318,14 @@ fn a_short_stream_keeps_receiving_tokens_while_a_long_prompt_is_prefilled() {
         "{generated} tokens sampled by the short stream's end; it asked {n_short}: the long prompt got its first token first"
     );
     // And the long prompt was prefilled in chunks mixed with the short
-    // stream's decoding: most of the short stream's steps carried one (runs
-    // on the development VM counted 30 mixed steps for its 31 decodes).
-    let mixed = srv.metric("sluice_steps_mixed_total") - mixed_before;
-    assert!(
-        mixed >= (n_short / 2) as f64,
-        "{mixed} mixed steps while the short stream decoded {n_short} tokens"
+    // stream's decoding: each of its n_short - 1 decode steps also carried a
+    // chunk. (A step's tokens go out after its decode pass, before its
+    // prefill pass: the last step may still be running, so this waits for
+    // it to be counted.)
+    wait_until(
+        Duration::from_secs(120),
+        "every decode step of the short stream counted as mixed",
+        || srv.metric("sluice_steps_mixed_total") - mixed_before >= (n_short - 1) as f64,
     );
     drop(long);
 }
