@@ -58,20 +58,7 @@ impl Server {
 
     /// Like `start`, with extra environment variables.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
-        Server::start_under(&[], args, env)
-    }
-
-    /// Like `start`, run through a wrapper that execs it (e.g. `prlimit ... --`).
-    pub fn start_under(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut cmd = match wrapper.split_first() {
-            Some((program, rest)) => {
-                let mut c = Command::new(program);
-                c.args(rest).arg(binary());
-                c
-            }
-            None => Command::new(binary()),
-        };
-        let mut child = cmd
+        let mut child = Command::new(binary())
             .arg("serve")
             .arg("--model")
             .arg(model_path())

@@ -340,11 +340,11 @@ impl Server {
                             // A connection closed for room ends at once (its
                             // read returns); one that has just answered its
                             // last request is ending too. Wait for that,
-                            // briefly, so that threads stay within the bound.
-                            // The evicted connection's thread usually ends
-                            // within tens of microseconds: poll finely, or
-                            // the accept loop, not the clients, sets the
-                            // pace of a connection flood.
+                            // briefly, so that threads stay within the bound:
+                            // polled finely, since the thread usually ends
+                            // within tens of microseconds and the accept
+                            // loop, not the clients, must not set the pace
+                            // of a connection flood.
                             let evicted = shared.waiting.evict_oldest();
                             let grace = if evicted {
                                 stats.evicted.fetch_add(1, Relaxed);
