@@ -29,6 +29,7 @@ build:
 # then the vendored tiny_http's (request parsing and framing).
 unit: deps
 	$(CARGO) test --release --workspace --bins --lib
+	$(CARGO) test --release --test structure
 	$(CARGO) test --release -p tiny_http --lib
 
 # The real binary and the real model over real sockets; one at a time, since

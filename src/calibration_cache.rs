@@ -19,6 +19,7 @@
 
 use crate::engine::calibration::Calibration;
 use crate::ffi::{FlashAttn, KvLayout, KvType};
+use crate::startup::pairing_name;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Seek, SeekFrom};
@@ -33,8 +34,6 @@ const MODEL_HEAD_BYTES: u64 = 4 << 20;
 const MODEL_SAMPLES: u64 = 16;
 const MODEL_SAMPLE_BYTES: u64 = 64 << 10;
 const FILE_VERSION: u32 = 1;
-/// The cache file's name in its directory.
-const FILE_NAME: &str = "calibration.json";
 
 /// What a measurement depends on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,32 +121,6 @@ impl Entry {
 struct File {
     version: u32,
     entries: Vec<Entry>,
-}
-
-/// `off/q8_0/f16`: flash attention, then the KV type's name.
-pub fn pairing_name((fa, kv): (FlashAttn, KvType)) -> String {
-    let fa = match fa {
-        FlashAttn::Off => "off",
-        FlashAttn::On => "on",
-        FlashAttn::Auto => "auto",
-    };
-    format!("{fa}/{}", kv.name())
-}
-
-/// The cache file sluice uses when `--calibration-cache` is not given:
-/// systemd's `CacheDirectory=` (`$CACHE_DIRECTORY`), else
-/// `$XDG_CACHE_HOME/sluice`, else `~/.cache/sluice`.
-pub fn default_path(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
-    let nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
-    if let Some(dirs) = nonempty("CACHE_DIRECTORY") {
-        // systemd separates several directories with ':'; the first is ours.
-        let first = dirs.split(':').next().unwrap_or_default().to_string();
-        return Some(PathBuf::from(first).join(FILE_NAME));
-    }
-    if let Some(xdg) = nonempty("XDG_CACHE_HOME") {
-        return Some(PathBuf::from(xdg).join("sluice").join(FILE_NAME));
-    }
-    nonempty("HOME").map(|h| PathBuf::from(h).join(".cache/sluice").join(FILE_NAME))
 }
 
 /// The entry for `key` in the file at `path`, if there is one.
@@ -420,7 +393,7 @@ mod tests {
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("sluice-cc-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        dir.join("sub").join(FILE_NAME)
+        dir.join("sub").join("calibration.json")
     }
 
     #[test]
@@ -490,33 +463,6 @@ mod tests {
         assert!(e.calibration().is_none());
         e.attention = "sideways/f16".into();
         assert_eq!(e.pairing(), None);
-    }
-
-    #[test]
-    fn the_default_path_follows_systemd_then_xdg_then_home() {
-        let env = |vars: &'static [(&'static str, &'static str)]| {
-            move |k: &str| {
-                vars.iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            }
-        };
-        assert_eq!(
-            default_path(env(&[
-                ("CACHE_DIRECTORY", "/var/cache/sluice:/x"),
-                ("HOME", "/h")
-            ])),
-            Some(PathBuf::from("/var/cache/sluice/calibration.json"))
-        );
-        assert_eq!(
-            default_path(env(&[("XDG_CACHE_HOME", "/c"), ("HOME", "/h")])),
-            Some(PathBuf::from("/c/sluice/calibration.json"))
-        );
-        assert_eq!(
-            default_path(env(&[("HOME", "/h")])),
-            Some(PathBuf::from("/h/.cache/sluice/calibration.json"))
-        );
-        assert_eq!(default_path(env(&[])), None);
     }
 
     #[test]

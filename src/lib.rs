@@ -1,6 +1,9 @@
 //! sluice's code as a library: the binary (`main.rs`) only runs `app::run`;
 //! the fuzz target (`fuzz/`) reaches request validation through `http`;
-//! `log` is public for `say!`, which the binary uses too.
+//! `log` is public for `say!`, which the binary uses too. Only `ffi` may
+//! hold `unsafe` code.
+
+#![deny(unsafe_code)]
 
 /// Writes one line to stderr (text, or a JSON object with `--log-format
 /// json`; see `log`), and never panics: `eprintln!` panics when stderr is
@@ -20,6 +23,7 @@ mod calibration_cache;
 mod config;
 mod embed;
 mod engine;
+#[allow(unsafe_code)]
 mod ffi;
 mod grammar;
 pub mod http;

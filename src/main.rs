@@ -2,6 +2,8 @@
 //! stage can say no, in time, in the right units. `main` only maps the result of
 //! `app::run` to an exit code.
 
+#![forbid(unsafe_code)]
+
 fn main() {
     match sluice::app::run() {
         Ok(()) => {}

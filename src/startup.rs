@@ -46,6 +46,16 @@ pub fn attention_candidates(fa: FlashAttnSetting, kv: KvTypeSetting) -> Vec<(Fla
         .collect()
 }
 
+/// `off/q8_0/f16`: flash attention, then the KV type's name.
+pub fn pairing_name((fa, kv): (FlashAttn, KvType)) -> String {
+    let fa = match fa {
+        FlashAttn::Off => "off",
+        FlashAttn::On => "on",
+        FlashAttn::Auto => "auto",
+    };
+    format!("{fa}/{}", kv.name())
+}
+
 /// Flash attention and the KV type, by timing each of `candidates` on this
 /// CPU and model: a decode step of each of the server's `parallel`
 /// sequences and a prefill chunk at a chat's depth, each in a context shaped
@@ -64,7 +74,7 @@ pub fn measure_attention(
         FLASH_ATTN_DEPTH_TOKENS,
     };
     let started = Instant::now();
-    let name = crate::calibration_cache::pairing_name;
+    let name = pairing_name;
     // The serving context's shape (its sequences, its streams' size), with
     // each pairing: the cost of a step depends on both.
     let timing = |(flash_attn, kv_type), give_up_s| -> Result<AttentionTiming, String> {

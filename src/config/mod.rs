@@ -79,9 +79,11 @@ pub const POLL_MAX: u32 = 100;
 
 mod args;
 mod callers;
+mod derive;
 
 pub use args::*;
 pub use callers::Callers;
+use derive::check_range;
 
 impl Config {
     /// Handler threads: as given, or enough for every running and queued request
@@ -251,195 +253,17 @@ pub struct Config {
 impl Config {
     pub fn from_args(a: ServeArgs) -> Result<Config, String> {
         let cpus = compute_cpus(a.threads)?;
-        check_range("--parallel", a.parallel, 1, PARALLEL_MAX)?;
-        check_range(
-            "--prefix-cache-mb",
-            a.prefix_cache_mb,
-            0,
-            PREFIX_CACHE_MB_MAX,
-        )?;
-        let q8 = KvTypeSetting::Fixed(KvType::Q8_0);
-        let (kv_type, flash_attn) = match (a.kv_type, a.flash_attn) {
-            (k, FlashAttnSetting::Fixed(FlashAttn::Off)) if k == q8 => {
-                return Err(
-                    "--kv-type q8_0 needs flash attention (llama.cpp quantizes the V cache only with it): add --flash-attn on".into(),
-                );
-            }
-            // Nothing to measure: a quantized V cache exists only with it.
-            (k, FlashAttnSetting::Measure) if k == q8 => {
-                (k, FlashAttnSetting::Fixed(FlashAttn::On))
-            }
-            (k, f) => (k, f),
-        };
-        let queue_depth_cap = if a.queue_depth_unsafe {
-            QUEUE_DEPTH_UNSAFE_MAX
-        } else {
-            QUEUE_DEPTH_SAFE_MAX
-        };
-        if let Some(d) = a.queue_depth {
-            check_range("--queue-depth", d, 1, queue_depth_cap).map_err(|e| {
-                if a.queue_depth_unsafe {
-                    e
-                } else {
-                    format!("{e} (a deeper queue only turns refusals into waits; --queue-depth-unsafe allows it)")
-                }
-            })?;
-        }
+        derive::check_engine_ranges(&a)?;
+        derive::check_http_ranges(&a)?;
+        let (kv_type, flash_attn) = derive::attention(a.kv_type, a.flash_attn)?;
         let queue_wait_ms = a.queue_wait_ms.unwrap_or(QUEUE_WAIT_MS_DEFAULT);
         check_range("--queue-wait-ms", queue_wait_ms, 1, DURATION_MS_MAX)?;
-        check_range(
-            "--batch-queue-wait-ms",
-            a.batch_queue_wait_ms,
-            1,
-            DURATION_MS_MAX,
-        )?;
-        let interactive_slots = a.interactive_slots.unwrap_or(usize::from(a.parallel > 1));
-        check_range("--interactive-slots", interactive_slots, 0, a.parallel - 1).map_err(|e| {
-            format!("{e} (below --parallel, so that batch requests can run at all)")
-        })?;
-        check_range("--batch-every", a.batch_every, 1, BATCH_EVERY_MAX)?;
-        let client_limit = match (a.client_rate, a.client_burst) {
-            (None, None) => None,
-            (None, Some(_)) => return Err("--client-burst needs --client-rate".into()),
-            (Some(r), _) if !(r.is_finite() && r > 0.0) => {
-                return Err(format!(
-                    "--client-rate is {r}; it must be a positive number of tokens/s"
-                ))
-            }
-            (Some(_), Some(0)) => return Err("--client-burst must be positive".into()),
-            (Some(r), b) => Some(Limit {
-                rate_tok_s: r,
-                burst: b.unwrap_or_else(|| crate::auth::default_burst(r)),
-            }),
-        };
-        check_range(
-            "--client-table-max",
-            a.client_table_max,
-            1,
-            CLIENT_TABLE_MAX,
-        )?;
+        let interactive_slots = derive::interactive_slots(&a)?;
+        let client_limit = derive::client_limit(a.client_rate, a.client_burst)?;
         let api_keys = a.api_key_file.as_deref().map(KeyFile::load).transpose()?;
-        let trusted_proxies = a
-            .trusted_proxies
-            .iter()
-            .flat_map(|l| l.split(','))
-            .map(str::trim)
-            .filter(|p| !p.is_empty())
-            .map(|p| {
-                p.parse()
-                    .map_err(|_| format!("--trusted-proxies: '{p}' is not an IP address"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let rates =
-            match (a.mu_prefill, a.mu_decode) {
-                (None, None) => None,
-                (Some(p), Some(d)) if p > 0.0 && d > 0.0 && p.is_finite() && d.is_finite() => {
-                    Some(Rates {
-                        prefill_tok_s: p,
-                        decode_tok_s: d,
-                    })
-                }
-                (Some(_), Some(_)) => {
-                    return Err("--mu-prefill and --mu-decode must be positive".into())
-                }
-                _ => return Err(
-                    "give both --mu-prefill and --mu-decode, or neither (then sluice calibrates)"
-                        .into(),
-                ),
-            };
-        if a.mu_fixed && rates.is_none() {
-            return Err("--mu-fixed keeps --mu-prefill and --mu-decode: give both".into());
-        }
-        let shed = if a.no_shed {
-            None
-        } else {
-            let target = a.shed_target_ms.unwrap_or(queue_wait_ms / 2).max(1);
-            let interval = a.shed_interval_ms.unwrap_or(queue_wait_ms).max(1);
-            Some((
-                Duration::from_millis(target),
-                Duration::from_millis(interval),
-            ))
-        };
-        check_range(
-            "--typical-prompt-tokens",
-            a.typical_prompt_tokens,
-            1,
-            CTX_TOKENS_MAX,
-        )?;
-        check_range(
-            "--typical-max-tokens",
-            a.typical_max_tokens,
-            1,
-            CTX_TOKENS_MAX,
-        )?;
-        if let Some(n) = a.step_tokens {
-            check_range("--step-tokens", n, a.parallel, STEP_TOKENS_MAX)
-                .map_err(|e| format!("{e} (every running sequence needs a token in each step, so it must be at least --parallel)"))?;
-        }
-        check_range("--itl-target-ms", a.itl_target_ms, 1, ITL_TARGET_MS_MAX)?;
-        if let Some(ctx) = a.ctx {
-            check_range("--ctx", ctx, CTX_TOKENS_MIN, CTX_TOKENS_MAX)?;
-        }
-        check_range(
-            "--max-tokens-default",
-            a.max_tokens_default,
-            1,
-            CTX_TOKENS_MAX,
-        )?;
-        check_range(
-            "--max-body-bytes",
-            a.max_body_bytes,
-            BODY_BYTES_MIN,
-            BODY_BYTES_MAX,
-        )?;
-        check_range(
-            "--stream-buffer-tokens",
-            a.stream_buffer_tokens,
-            1,
-            crate::stream::STREAM_BUFFER_TOKENS_MAX,
-        )?;
-        check_range("--stall-timeout-ms", a.stall_timeout_ms, 1, DURATION_MS_MAX)?;
-        check_range(
-            "--sse-keep-alive-ms",
-            a.sse_keep_alive_ms,
-            10,
-            DURATION_MS_MAX,
-        )?;
-        check_range(
-            "--send-buffer-bytes",
-            a.send_buffer_bytes,
-            SEND_BUFFER_BYTES_MIN,
-            SEND_BUFFER_BYTES_MAX,
-        )?;
-        check_range(
-            "--client-timeout-ms",
-            a.client_timeout_ms,
-            1,
-            DURATION_MS_MAX,
-        )?;
-        check_range(
-            "--drain-notice-ms",
-            a.drain_notice_ms,
-            0,
-            DRAIN_NOTICE_MS_MAX,
-        )?;
-        check_range("--drain-timeout-ms", a.drain_timeout_ms, 0, DURATION_MS_MAX)?;
-        if a.request_timeout_ms == 0 {
-            return Err("--request-timeout-ms must be positive".into());
-        }
-        check_range(
-            "--header-timeout-ms",
-            a.header_timeout_ms,
-            1,
-            DURATION_MS_MAX,
-        )?;
-        check_range("--keep-alive-ms", a.keep_alive_ms, 1, DURATION_MS_MAX)?;
-        if let Some(n) = a.max_connections {
-            check_range("--max-connections", n, 1, CONNECTIONS_MAX)?;
-        }
-        if let Some(n) = a.http_queue_depth {
-            check_range("--http-queue-depth", n, 1, HTTP_THREADS_MAX)?;
-        }
+        let trusted_proxies = derive::trusted_proxies(a.trusted_proxies.as_deref())?;
+        let rates = derive::rates(&a)?;
+        let shed = derive::shed(&a, queue_wait_ms);
         let machine = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
         let callers = Callers::parse(
             &a.host,
@@ -447,28 +271,8 @@ impl Config {
             &a.allowed_origins,
             machine.as_deref().map(str::trim),
         )?;
-        check_range("--poll", a.poll, 0, POLL_MAX)?;
-        if let Some(n) = a.http_threads {
-            check_range("--http-threads", n, 2, HTTP_THREADS_MAX)?;
-        }
-        let model_name = a.model_name.unwrap_or_else(|| {
-            a.model
-                .file_name()
-                .map(|f| f.to_string_lossy().trim_end_matches(".gguf").to_string())
-                .unwrap_or_else(|| "model".into())
-        });
-        let calibration_cache = match a.calibration_cache.as_deref() {
-            Some("off") => None,
-            Some("") => return Err("--calibration-cache is empty; give a file, or off".into()),
-            Some(path) => Some(PathBuf::from(path)),
-            None => crate::calibration_cache::default_path(|k| std::env::var(k).ok()),
-        };
-        if a.calibrate_only && calibration_cache.is_none() {
-            return Err(
-                "--calibrate-only keeps its measurements in the calibration cache: give --calibration-cache FILE"
-                    .into(),
-            );
-        }
+        let model_name = derive::model_name(&a);
+        let calibration_cache = derive::calibration_cache(&a)?;
         Ok(Config {
             calibration_cache,
             calibrate_only: a.calibrate_only,
@@ -535,18 +339,6 @@ impl Config {
     }
 }
 
-fn check_range<T: PartialOrd + std::fmt::Display>(
-    flag: &str,
-    v: T,
-    lo: T,
-    hi: T,
-) -> Result<(), String> {
-    if v < lo || v > hi {
-        return Err(format!("{flag} is {v}; it must be {lo} to {hi}"));
-    }
-    Ok(())
-}
-
 /// The CPUs compute threads are pinned to: the ones in this process's affinity
 /// mask, no more than its CPU quota allows (`available_parallelism` reads the
 /// cgroup quota; the mask alone does not), or `--threads` of them.
@@ -582,148 +374,4 @@ fn usable_cpus(mask: &[usize], quota: usize) -> Vec<usize> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use argh::FromArgs;
-
-    fn config(args: &[&str]) -> Config {
-        let mut all = vec!["--mu-prefill", "1000", "--mu-decode", "100"];
-        all.extend_from_slice(args);
-        let a = ServeArgs::from_args(&["sluice", "serve"], &all).expect("args");
-        Config::from_args(a).expect("config")
-    }
-
-    #[test]
-    fn the_connection_bound_follows_the_handlers_and_the_descriptors() {
-        let c = config(&[]);
-        // 16 per handler, within 64..=1024.
-        assert_eq!(c.max_connections(26, 1 << 20), Ok(416));
-        assert_eq!(c.max_connections(2, 1 << 20), Ok(64));
-        assert_eq!(c.max_connections(500, 1 << 20), Ok(1024));
-        // No more than the descriptors hold: (1024 - 64) / 3.
-        assert_eq!(c.max_connections(26, 1024), Ok(320));
-        let c = config(&["--max-connections", "5000"]);
-        assert_eq!(c.max_connections(26, 1 << 20), Ok(5000));
-        let e = c.max_connections(26, 1024).unwrap_err();
-        assert!(e.contains("file descriptors"), "{e}");
-        let a = ServeArgs::from_args(&["sluice", "serve"], &["--max-connections", "0"]).unwrap();
-        assert!(Config::from_args(a).is_err());
-        let a = ServeArgs::from_args(&["sluice", "serve"], &["--allowed-origins", "evil"]).unwrap();
-        assert!(Config::from_args(a).is_err());
-    }
-
-    #[test]
-    fn usable_cpus_follow_the_mask_and_the_quota() {
-        assert_eq!(usable_cpus(&[2, 3, 5], 8), vec![2, 3, 5]);
-        assert_eq!(usable_cpus(&[2, 3, 5], 1), vec![2]);
-        assert_eq!(usable_cpus(&[], 2), vec![0, 1]);
-    }
-
-    #[test]
-    fn every_serve_flag_has_its_environment_variable() {
-        let early = ServeArgs::from_args(&["sluice", "serve"], &["--help"])
-            .expect_err("--help exits early");
-        let in_help: std::collections::BTreeSet<String> = early
-            .output
-            .split_whitespace()
-            .filter_map(|w| w.strip_prefix("--"))
-            .map(|f| f.trim_end_matches([',', '.']).to_string())
-            .filter(|f| !f.is_empty() && f.chars().all(|c| c.is_ascii_lowercase() || c == '-'))
-            .collect();
-        let flags = serve_flags();
-        let known: std::collections::BTreeSet<String> = flags
-            .iter()
-            .map(|(f, _)| f.clone())
-            .chain(["help".to_string()])
-            .collect();
-        // Every flag the help names is one the environment may give, and the
-        // usage line's reading tells options from switches.
-        assert!(flags.contains(&("port".to_string(), true)), "{flags:?}");
-        assert!(flags.contains(&("mmap".to_string(), false)), "{flags:?}");
-        assert!(flags.contains(&("queue-depth-unsafe".to_string(), false)));
-        assert_eq!(flags.len(), known.len() - 1, "no flag twice: {flags:?}");
-        let missing: Vec<_> = in_help.difference(&known).collect();
-        assert!(
-            missing.is_empty(),
-            "flags without an environment variable: {missing:?}"
-        );
-    }
-
-    #[test]
-    fn the_environment_fills_in_flags_the_command_line_does_not_give() {
-        let env = |k: &str| match k {
-            "SLUICE_PORT" => Some("9000".to_string()),
-            "SLUICE_PARALLEL" => Some("2".to_string()),
-            "SLUICE_NO_SHED" => Some("1".to_string()),
-            "SLUICE_VERBOSE" => Some("0".to_string()),
-            _ => None,
-        };
-        let args: Vec<String> = ["sluice", "serve", "--parallel", "3"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let out = args_with_env(args, env).unwrap();
-        assert_eq!(
-            out,
-            [
-                "sluice",
-                "serve",
-                "--port",
-                "9000",
-                "--no-shed",
-                "--parallel",
-                "3"
-            ]
-        );
-        let bad = |k: &str| (k == "SLUICE_NO_SHED").then(|| "maybe".to_string());
-        let args = vec!["sluice".to_string(), "serve".to_string()];
-        assert!(args_with_env(args, bad)
-            .unwrap_err()
-            .contains("SLUICE_NO_SHED"));
-        let other = vec!["sluice".to_string(), "calibrate".to_string()];
-        assert_eq!(args_with_env(other.clone(), env).unwrap(), other);
-        assert_eq!(env_name("queue-wait-ms"), "SLUICE_QUEUE_WAIT_MS");
-    }
-
-    #[test]
-    fn flash_attention_is_measured_unless_given_or_implied_by_a_quantized_cache() {
-        let cfg = |args: &[&str]| {
-            ServeArgs::from_args(&["sluice", "serve"], args)
-                .map_err(|e| e.output)
-                .and_then(Config::from_args)
-        };
-        assert_eq!(cfg(&[]).unwrap().flash_attn, FlashAttnSetting::Measure);
-        assert_eq!(
-            cfg(&["--flash-attn", "off"]).unwrap().flash_attn,
-            FlashAttnSetting::Fixed(FlashAttn::Off)
-        );
-        assert_eq!(
-            cfg(&["--kv-type", "q8_0"]).unwrap().flash_attn,
-            FlashAttnSetting::Fixed(FlashAttn::On)
-        );
-        assert!(cfg(&["--kv-type", "q8_0", "--flash-attn", "off"]).is_err());
-        assert_eq!(cfg(&[]).unwrap().kv_type, KvTypeSetting::Measure);
-        assert_eq!(
-            cfg(&["--flash-attn", "off"]).unwrap().kv_type,
-            KvTypeSetting::Measure
-        );
-        assert_eq!(
-            cfg(&["--kv-type", "q8_0/f16", "--flash-attn", "off"])
-                .unwrap()
-                .kv_type,
-            KvTypeSetting::Fixed(KvType::Q8_0KeysF16Values)
-        );
-        assert_eq!(
-            cfg(&["--flash-attn", "on"]).unwrap().kv_type,
-            KvTypeSetting::Measure
-        );
-        assert!(cfg(&["--kv-type", "q4"]).is_err());
-        assert!(cfg(&["--flash-attn", "sometimes"]).is_err());
-    }
-
-    #[test]
-    fn range_errors_name_the_flag_and_value() {
-        let e = check_range("--parallel", 0, 1, 256).unwrap_err();
-        assert_eq!(e, "--parallel is 0; it must be 1 to 256");
-    }
-}
+mod tests;

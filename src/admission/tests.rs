@@ -1,0 +1,251 @@
+//! The queue's bounds, refusals and promises, on gauges built by hand.
+
+use super::bounds::tests::{policy, RATES};
+use super::*;
+
+#[test]
+fn refused_requests_are_promised_return_times_one_service_time_apart() {
+    let g = gauge(4, 3, 1000);
+    let t0 = Instant::now();
+    let ms = |d: Duration| d.as_millis() as u64;
+    // A request of 0.5 s of service: the first comes back when the four
+    // running ones are half done, the next ones 0.5 s after each other.
+    let waits: Vec<u64> = (0..4).map(|_| ms(g.promise_at(I, 0.5, t0))).collect();
+    assert_eq!(waits, vec![1000, 1500, 2000, 2500]);
+    // Later, the line has moved on: 1.2 s on, the next place is 1.8 s away.
+    assert_eq!(
+        ms(g.promise_at(I, 0.5, t0 + Duration::from_millis(1200))),
+        1800
+    );
+    // Another class keeps its own line.
+    assert_eq!(ms(g.promise_at(B, 0.5, t0)), 1000);
+    // After a quiet spell the line starts again.
+    let later = t0 + Duration::from_secs(30);
+    assert_eq!(ms(g.promise_at(I, 0.5, later)), 1000);
+    // Promises end at the horizon.
+    for _ in 0..200 {
+        g.promise_at(I, 1.0, later);
+    }
+    assert_eq!(ms(g.promise_at(I, 1.0, later)), 60_000);
+}
+
+fn gauge(slots: usize, depth: usize, tokens: usize) -> Arc<QueueGauge> {
+    let p = Policy {
+        queued_tokens_max: Some(tokens),
+        ..policy(5000, Some(depth))
+    };
+    Arc::new(QueueGauge::new(slots, slots, RATES, [p, p]))
+}
+
+const I: Class = Class::Interactive;
+const B: Class = Class::Batch;
+
+#[test]
+fn free_slots_and_the_queue_are_both_capacity() {
+    let g = gauge(2, 3, 1000);
+    for _ in 0..5 {
+        assert!(g.reserve(I, 1, 10).is_ok());
+    }
+    assert_eq!(
+        g.reserve(I, 1, 10).unwrap_err().bound,
+        QueueBound::Requests,
+        "2 slots + 3 queued"
+    );
+    let first = g.started(I, 10);
+    let _second = g.started(I, 10);
+    assert_eq!(g.queued_requests(I), 3);
+    drop(first);
+    assert!(
+        g.reserve(I, 1, 10).is_ok(),
+        "a finished request frees its place"
+    );
+}
+
+#[test]
+fn the_token_budget_bounds_the_prompts_ahead_of_one_that_must_wait() {
+    let g = gauge(1, 3, 1000);
+    assert!(
+        g.reserve(I, 1, 5000).is_ok(),
+        "a free slot takes any prompt that fits the context"
+    );
+    let _running = g.started(I, 5000);
+    assert!(g.reserve(I, 1, 600).is_ok());
+    assert!(
+        g.reserve(I, 1, 900).is_ok(),
+        "600 ahead of it: its own 900 are its service, not its wait"
+    );
+    assert_eq!(g.queued_tokens(I), 1500);
+    let r = g.reserve(I, 1, 1).unwrap_err();
+    assert_eq!(r.bound, QueueBound::Tokens, "1500 ahead > 1000");
+    assert_eq!(r.waiting_tokens, 1500);
+    assert_eq!(
+        g.check(I).unwrap_err().bound,
+        QueueBound::Tokens,
+        "the door's check, without a prompt, says the same"
+    );
+    // The 600 get the slot: 900 ahead, within the budget again.
+    drop(_running);
+    let _next = g.started(I, 600);
+    assert!(g.check(I).is_ok());
+    assert!(g.reserve(I, 1, 0).is_ok());
+    assert!(g.reserve(I, 1, 0).is_ok(), "a third may wait");
+    assert_eq!(
+        g.reserve(I, 1, 0).unwrap_err().bound,
+        QueueBound::Requests,
+        "1 running + 3 waiting"
+    );
+}
+
+#[test]
+fn a_prompt_over_the_whole_budget_is_admitted_behind_a_short_queue() {
+    let g = gauge(1, 3, 1000);
+    assert!(g.reserve(I, 1, 10).is_ok());
+    let first = g.started(I, 10);
+    assert!(g.reserve(I, 1, 6000).is_ok(), "nothing waits: it may");
+    assert_eq!(
+        g.reserve(I, 1, 10).unwrap_err().bound,
+        QueueBound::Tokens,
+        "6000 ahead of it"
+    );
+    drop(first); // the first request ends
+    let _long = g.started(I, 6000); // the long one gets the slot
+    assert!(g.reserve(I, 1, 300).is_ok());
+    assert!(
+        g.reserve(I, 1, 6000).is_ok(),
+        "300 ahead of it: it waits no longer than a short one would"
+    );
+}
+
+#[test]
+fn the_choices_of_one_request_are_admitted_together_or_not_at_all() {
+    let g = gauge(1, 2, 1000);
+    assert!(g.reserve(I, 1, 10).is_ok());
+    let _running = g.started(I, 10);
+    assert!(g.reserve(I, 1, 10).is_ok());
+    assert!(g.check(I).is_ok(), "one place is left");
+    assert_eq!(
+        g.reserve(I, 2, 20).unwrap_err().bound,
+        QueueBound::Requests,
+        "two choices need two places"
+    );
+    assert_eq!(g.queued_requests(I), 1, "nothing of it stayed");
+    assert_eq!(g.queued_tokens(I), 10);
+    assert!(g.reserve(I, 1, 10).is_ok(), "one choice still fits");
+    // With the slot free, two choices take it and one place.
+    let g = gauge(1, 1, 1000);
+    assert!(g.reserve(I, 2, 20).is_ok());
+    assert!(g.reserve(I, 1, 1).is_err());
+}
+
+#[test]
+fn the_live_bound_follows_the_measured_rates() {
+    // Derived bounds: 1 slot, L_max = ceil(0.667 * 5) = 4.
+    let g = QueueGauge::new(1, 1, RATES, [policy(5000, None); 2]);
+    assert_eq!(g.snapshot().1[0].queue_depth_max, 4);
+    for _ in 0..5 {
+        assert!(g.reserve(I, 1, 10).is_ok());
+    }
+    // The box got four times slower: L_max = ceil(0.167 * 5) = 1.
+    g.set_rates(Rates {
+        prefill_tok_s: 50.0,
+        decode_tok_s: 37.5,
+    });
+    let b = g.snapshot().1[0];
+    assert_eq!(b.queue_depth_max, 1);
+    assert_eq!(b.queued_tokens_max, 250);
+    let r = g.reserve(I, 1, 10).unwrap_err();
+    assert_eq!(r.bound, QueueBound::Requests, "5 in, 1 + 1 allowed");
+    assert_eq!(r.bounds.queue_depth_max, 1, "judged by the live bound");
+    // And faster than ever: clamped to 9, never above the channel's ceiling.
+    g.set_rates(Rates {
+        prefill_tok_s: 5000.0,
+        decode_tok_s: 3000.0,
+    });
+    assert_eq!(g.snapshot().1[0].queue_depth_max, 9);
+    for _ in 0..5 {
+        assert!(g.reserve(I, 1, 10).is_ok());
+    }
+    assert_eq!(
+        g.reserve(I, 1, 10).unwrap_err().bound,
+        QueueBound::Requests,
+        "1 + 9"
+    );
+}
+
+#[test]
+fn the_bound_follows_the_mix_of_requests_that_complete() {
+    // Seeded with 100 + 150 tokens: 1.5 s per request, L_max = ceil(0.667 * 5) = 4.
+    let g = QueueGauge::new(1, 1, RATES, [policy(5000, None); 2]);
+    assert_eq!(g.snapshot().1[0].queue_depth_max, 4);
+    // Requests of 40 prefilled + 30 generated tokens: 0.4 s each, L_max 13 -> 9.
+    for _ in 0..200 {
+        g.observe_request(40, 30);
+    }
+    assert_eq!(
+        g.typical(),
+        Typical {
+            prompt_tokens: 40,
+            max_tokens: 30
+        }
+    );
+    assert_eq!(g.snapshot().1[0].queue_depth_max, 9);
+    // Then long answers: 0 + 600 tokens, 4 s each: L_max 2.
+    for _ in 0..200 {
+        g.observe_request(0, 600);
+    }
+    assert_eq!(g.snapshot().1[0].queue_depth_max, 2);
+    // The operator's depth is never overridden.
+    let g = QueueGauge::new(1, 1, RATES, [policy(5000, Some(3)); 2]);
+    g.observe_request(1, 1);
+    assert_eq!(g.snapshot().1[0].queue_depth_max, 3);
+}
+
+#[test]
+fn each_class_has_its_own_queue_and_batch_leaves_the_reserved_slots_free() {
+    // 3 slots, batch may hold 2 of them; L_max 2 for each class.
+    let p = policy(5000, Some(2));
+    let g = Arc::new(QueueGauge::new(3, 2, RATES, [p, p]));
+    for _ in 0..4 {
+        assert!(g.reserve(B, 1, 10).is_ok(), "2 batch slots + 2 waiting");
+    }
+    assert_eq!(g.reserve(B, 1, 10).unwrap_err().bound, QueueBound::Requests);
+    let _b1 = g.started(B, 10);
+    let _b2 = g.started(B, 10);
+    assert_eq!(
+        g.reserve(B, 1, 10).unwrap_err().bound,
+        QueueBound::Requests,
+        "the third slot is not batch's"
+    );
+    for _ in 0..3 {
+        assert!(g.reserve(I, 1, 10).is_ok(), "1 free slot + 2 waiting");
+    }
+    let r = g.reserve(I, 1, 10).unwrap_err();
+    assert_eq!(r.bound, QueueBound::Requests);
+    assert_eq!(r.waiting, 3, "batch waiting is not ahead of interactive");
+    assert_eq!(g.queued_requests(I), 3);
+    assert_eq!(g.queued_requests(B), 2);
+    assert_eq!(g.retry_after_s(B), 8, "5 ahead of batch at 0.667/s");
+}
+
+#[test]
+fn interactive_requests_waiting_take_the_free_slots_before_batch() {
+    let p = policy(5000, Some(1));
+    let g = Arc::new(QueueGauge::new(2, 2, RATES, [p, p]));
+    assert!(g.reserve(I, 1, 10).is_ok());
+    assert!(g.reserve(I, 1, 10).is_ok());
+    assert!(
+        g.reserve(B, 1, 10).is_ok(),
+        "no free slot left for it: it waits"
+    );
+    assert_eq!(
+        g.reserve(B, 1, 10).unwrap_err().bound,
+        QueueBound::Requests,
+        "L_max 1 for batch"
+    );
+    g.dropped(B, 10);
+    drop(g.started(I, 10));
+    drop(g.started(I, 10));
+    assert!(g.reserve(B, 1, 10).is_ok());
+    assert!(g.reserve(B, 1, 10).is_ok());
+    assert!(g.reserve(B, 1, 10).is_ok(), "2 free slots + 1 waiting");
+}
