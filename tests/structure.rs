@@ -33,12 +33,10 @@ const LONG_FUNCTIONS_LEFT: &[(&str, &str, usize)] = &[
     ("app.rs", "serve", 394),
     ("engine/dequeue.rs", "try_start", 198),
     ("engine/seq.rs", "after_decode", 120),
-    ("http/embeddings.rs", "embed", 168),
     ("http/embeddings.rs", "parse", 102),
     ("http/mod.rs", "handle", 128),
     ("http/reply.rs", "token", 113),
     ("http/request.rs", "gen_params", 111),
-    ("http/request.rs", "generate", 167),
     ("http/status.rs", "metrics_text", 154),
 ];
 

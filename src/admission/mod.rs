@@ -103,6 +103,29 @@ pub struct GenParams {
     pub echo_logprobs: bool,
 }
 
+impl GenParams {
+    /// An embedding job's: it generates nothing (the engine reads its
+    /// token states, not its logits).
+    pub fn embedding() -> GenParams {
+        GenParams {
+            max_tokens: 0,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed: 0,
+            },
+            penalties: Penalties::default(),
+            constraint: None,
+            stop: Vec::new(),
+            ignore_eos: false,
+            top_logprobs: None,
+            echo_logprobs: false,
+        }
+    }
+}
+
 /// A validated, tokenized request: what the queue holds and the engine runs.
 pub struct Job {
     pub id: u64,

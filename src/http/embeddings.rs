@@ -5,20 +5,16 @@
 //! another in one slot.
 
 use super::error::ApiError;
-use super::request::{
-    authenticate, caller_timeout_ms, charge, json_body, priority_class, InFlight,
-};
+use super::intake::{json_body, Intake};
 use super::validation::Input;
-use super::{log_request, outcome_of_error, reply, respond_error, respond_json, AppState, Outcome};
-use crate::admission::{GenParams, Job, Penalties};
+use super::{respond_json, AppState, Outcome};
+use crate::admission::{GenParams, Job};
 use crate::embed::EmbedSpec;
-use crate::ffi::{SamplingParams, Token};
-use crate::stream::{CancelFlag, Event, Usage};
+use crate::ffi::Token;
+use crate::stream::{Event, Usage};
 use base64::Engine as _;
-use crossbeam_channel::bounded;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
 use tiny_http::Request;
 
 /// Most inputs in one request (OpenAI's limit).
@@ -172,37 +168,11 @@ fn tokens(
 }
 
 /// One embedding request, from the socket to its answer.
-pub(super) fn embed(state: &AppState, mut req: Request) {
-    let _in_flight = InFlight::enter(&state.in_flight);
-    let t0 = Instant::now();
-    let path = req.url().to_string();
-    let mut tags = format!(" id={}", super::request_id(&req));
-    let fail = |req: Request, tags: &str, e: ApiError| {
-        log_request(&path, tags, t0, &outcome_of_error(&e));
-        respond_error(req, &e);
+pub(super) fn embed(state: &AppState, req: Request) {
+    let Some((mut intake, mut req)) = Intake::open(state, req) else {
+        return;
     };
-    if state.draining.load(Ordering::SeqCst) {
-        return fail(req, &tags, ApiError::Draining);
-    }
-    let client = match authenticate(state, &req) {
-        Ok(c) => c,
-        Err(e) => {
-            state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
-            return fail(req, &tags, e);
-        }
-    };
-    tags.push_str(&format!(" client={}", client.label));
-    if let Err((e, hold)) = super::request::at_the_door(state, &mut req, &client) {
-        return match hold {
-            Some(wait) => {
-                log_request(&path, &tags, t0, &outcome_of_error(&e));
-                state.tarpit.hold(req, e, wait)
-            }
-            None => fail(req, &tags, e),
-        };
-    }
-    let probe = req.take_peer_socket();
-    let prepared = (|| {
+    let read = intake.read(&mut req, |req, ask| {
         let Some(pooling) = state.pooling else {
             return Err(ApiError::invalid(
                 "model",
@@ -212,11 +182,9 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
                 ),
             ));
         };
-        let timeout_ms = caller_timeout_ms(&req, state.cfg.request_timeout_ms)?;
-        let class = priority_class(&req)?;
-        let body = json_body(state, &mut req)?;
+        let body = json_body(state, req)?;
         let valid = parse(&body, state.n_embd)?;
-        let n_ctx = match class {
+        let n_ctx = match ask.class {
             crate::priority::Class::Batch => state.batch_seq_tokens_max,
             crate::priority::Class::Interactive => state.seq_tokens_max,
         };
@@ -225,69 +193,48 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
             .metrics
             .prompts_tokenized
             .fetch_add(1, Ordering::Relaxed);
-        Ok((pooling, timeout_ms, class, valid, prompt, ends))
-    })();
-    let (pooling, timeout_ms, class, valid, prompt, ends) = match prepared {
-        Ok(p) => p,
-        Err(e) => {
-            state.metrics.invalid.fetch_add(1, Ordering::Relaxed);
-            return fail(req, &tags, e);
-        }
+        Ok((pooling, valid, prompt, ends))
+    });
+    let (ask, (pooling, valid, prompt, ends)) = match read {
+        Ok(r) => r,
+        Err(e) => return intake.invalid(req, e),
     };
-    tags.push_str(&format!(
-        " class={} inputs={} pooling={}",
-        class.as_str(),
+    intake.tags.push_str(&format!(
+        " inputs={} pooling={}",
         ends.len(),
         pooling.name()
     ));
     let prompt_tokens = prompt.len();
-    let cost = prompt_tokens as u64;
     // Charged in full: an embedding generates nothing, and reuses nothing.
-    let mut bucket = match charge(state, &client, class, cost) {
+    let mut bucket = match intake.charge(ask.class, prompt_tokens as u64) {
         Ok(b) => b,
-        Err(e) => return fail(req, &tags, e),
+        Err(e) => return intake.fail(req, e),
     };
     let n_inputs = ends.len();
-    let (tx, rx) = bounded(state.cfg.stream_buffer_tokens);
-    let cancel = CancelFlag::default();
+    let (tx, rx, cancel) = intake.channel();
     let job = Job {
         id: state.next_id.fetch_add(1, Ordering::Relaxed),
         request_id: super::request_id(&req).into(),
-        class,
+        class: ask.class,
         prompt,
-        gen: GenParams {
-            max_tokens: 0,
-            sampling: SamplingParams {
-                temperature: 0.0,
-                top_k: 0,
-                top_p: 1.0,
-                min_p: 0.0,
-                seed: 0,
-            },
-            penalties: Penalties::default(),
-            constraint: None,
-            stop: Vec::new(),
-            ignore_eos: false,
-            top_logprobs: None,
-            echo_logprobs: false,
-        },
-        enqueued_at: t0,
-        deadline: Some(t0 + Duration::from_millis(timeout_ms)),
+        gen: GenParams::embedding(),
+        enqueued_at: intake.t0,
+        deadline: intake.deadline(&ask),
         events: tx,
         cancel: cancel.clone(),
         cached_estimate: 0,
         embed: Some(EmbedSpec { ends, pooling }),
         prompt_of: None,
     };
-    if let Err(refused) = state.admission.submit(job) {
-        // Refused for overload: the charge goes back (when `bucket` drops).
-        return fail(req, &tags, ApiError::from(refused));
+    // Refused for overload: the charge goes back (when `bucket` drops).
+    if let Err(e) = intake.submit(vec![job]) {
+        return intake.fail(req, e);
     }
     // Admitted: the prompt is paid for, whatever becomes of the request.
     if let Some(b) = &mut bucket {
         b.unused = 0;
     }
-    let waiter = reply::Waiter::new(state, t0, timeout_ms, vec![rx], vec![cancel], probe);
+    let waiter = intake.waiter(&ask, vec![rx], vec![cancel]);
     let mut vectors: Vec<Option<Vec<f32>>> = vec![None; n_inputs];
     let usage = loop {
         match waiter.next_before(None, &[false]) {
@@ -298,17 +245,37 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
             }
             Ok(Some((_, Event::End { usage, .. }))) => break usage,
             Ok(_) => {}
-            Err(e) => {
-                return fail(req, &tags, e);
-            }
+            Err(e) => return intake.fail(req, e),
         }
     };
+    let body = answer(state, vectors, valid.base64, usage.prompt_tokens);
+    respond_json(req, 200, &body);
+    intake.log(&Outcome {
+        status: 200,
+        usage: Usage {
+            prompt_tokens,
+            ..Usage::default()
+        },
+        first_token: None,
+        note: "",
+        cached_all: 0,
+    });
+}
+
+/// The answer's body: each input's vector (floats, or base64 of their
+/// little-endian bytes) and the usage.
+fn answer(
+    state: &AppState,
+    vectors: Vec<Option<Vec<f32>>>,
+    base64: bool,
+    prompt_tokens: usize,
+) -> Value {
     let data: Vec<Value> = vectors
         .into_iter()
         .enumerate()
         .map(|(index, v)| {
             let v = v.unwrap_or_default();
-            let embedding = if valid.base64 {
+            let embedding = if base64 {
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                 Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))
             } else {
@@ -317,28 +284,12 @@ pub(super) fn embed(state: &AppState, mut req: Request) {
             json!({"object": "embedding", "index": index, "embedding": embedding})
         })
         .collect();
-    let body = json!({
+    json!({
         "object": "list",
         "data": data,
         "model": state.cfg.model_name,
-        "usage": {"prompt_tokens": usage.prompt_tokens, "total_tokens": usage.prompt_tokens},
-    });
-    respond_json(req, 200, &body);
-    log_request(
-        &path,
-        &tags,
-        t0,
-        &Outcome {
-            status: 200,
-            usage: Usage {
-                prompt_tokens,
-                ..Usage::default()
-            },
-            first_token: None,
-            note: "",
-            cached_all: 0,
-        },
-    );
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ mod embeddings;
 pub mod error;
 mod fields;
 mod guard;
+mod intake;
 pub mod openai;
 mod output;
 pub mod prompt;
@@ -313,7 +314,7 @@ fn handle(state: &AppState, mut req: Request) {
             None => respond_json(req, 200, &json!({"status": "ready"})),
         },
         (Method::Get, "/v1/models") => {
-            if let Err(e) = request::authenticate(state, &req) {
+            if let Err(e) = intake::authenticate(state, &req) {
                 state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
                 respond_error(req, &e);
                 return;
@@ -322,7 +323,7 @@ fn handle(state: &AppState, mut req: Request) {
             respond_json(req, 200, &body);
         }
         (Method::Get, p) if p.starts_with("/v1/models/") => {
-            if let Err(e) = request::authenticate(state, &req) {
+            if let Err(e) = intake::authenticate(state, &req) {
                 state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
                 respond_error(req, &e);
                 return;
@@ -337,11 +338,11 @@ fn handle(state: &AppState, mut req: Request) {
         }
         (Method::Post, "/tokenize" | "/v1/tokenize" | "/detokenize" | "/v1/detokenize") => {
             let tokenize = path.ends_with("/tokenize");
-            let answer = request::authenticate(state, &req)
+            let answer = intake::authenticate(state, &req)
                 .inspect_err(|_| {
                     state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
                 })
-                .and_then(|_| request::json_body(state, &mut req))
+                .and_then(|_| intake::json_body(state, &mut req))
                 .and_then(|body| {
                     if tokenize {
                         tokens::tokenize(state, &body)
