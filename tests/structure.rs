@@ -30,14 +30,8 @@ const FUNCTION_LINES_MAX: usize = 100;
 /// 26), each with the length it may not exceed: a new long function, or one
 /// of these grown, fails; one split below the limit must leave this list.
 const LONG_FUNCTIONS_LEFT: &[(&str, &str, usize)] = &[
-    ("app.rs", "serve", 394),
-    ("engine/dequeue.rs", "try_start", 198),
-    ("engine/seq.rs", "after_decode", 120),
     ("http/embeddings.rs", "parse", 102),
-    ("http/mod.rs", "handle", 128),
-    ("http/reply.rs", "token", 113),
     ("http/request.rs", "gen_params", 111),
-    ("http/status.rs", "metrics_text", 154),
 ];
 
 fn src() -> PathBuf {
@@ -69,7 +63,7 @@ fn rust_files(dir: &Path) -> Vec<(String, String)> {
 }
 
 /// The module a file belongs to: `engine` for `engine/seq.rs`, `app` for
-/// `app.rs`.
+/// `app.rs` or `app/mod.rs`.
 fn module_of(rel: &str) -> &str {
     let first = rel.split('/').next().unwrap_or(rel);
     first.strip_suffix(".rs").unwrap_or(first)
@@ -198,7 +192,15 @@ fn functions(text: &str) -> Vec<(String, usize)> {
         let Some(name) = name.filter(|n| !n.is_empty()) else {
             continue;
         };
-        if body.ends_with(';') || body.ends_with('}') {
+        // Where the signature ends: at a body's `{`, or at a declaration's
+        // `;` (a trait's method without a default).
+        let Some(open) = lines[i..]
+            .iter()
+            .position(|l| l.ends_with('{') || l.ends_with(';') || l.ends_with('}'))
+        else {
+            continue;
+        };
+        if !lines[i + open].ends_with('{') {
             continue;
         }
         let close = format!("{indent}}}");
@@ -261,7 +263,7 @@ fn no_function_is_over_100_lines() {
 
 #[test]
 fn the_function_reader_measures_what_rustfmt_writes() {
-    let text = "fn a() {\n    x();\n}\n\npub(crate) fn b(\n    y: u8,\n) -> u8 {\n    y\n}\n    fn c() {}\nimpl T {\n    pub const unsafe fn d() {\n        1;\n    }\n}\n";
+    let text = "fn a() {\n    x();\n}\n\npub(crate) fn b(\n    y: u8,\n) -> u8 {\n    y\n}\n    fn c() {}\nimpl T {\n    pub const unsafe fn d() {\n        1;\n    }\n}\ntrait U {\n    fn e(\n        z: u8,\n    ) -> u8;\n}\n";
     assert_eq!(
         functions(text),
         vec![("a".into(), 3), ("b".into(), 5), ("d".into(), 3)]

@@ -149,25 +149,12 @@ impl Engine {
 
     /// Starts `job` in `slot`, or refuses it (deadline passed, client gone,
     /// shed); gives it back when its KV cells are not free yet.
-    pub(super) fn try_start(&mut self, ctx: &mut Context, slot: usize, mut job: Job) -> Start {
+    pub(super) fn try_start(&mut self, ctx: &mut Context, slot: usize, job: Job) -> Start {
         let now = Instant::now();
         let class = job.class;
-        // Dead work: its caller has given up, so it never costs a FLOP.
-        if job.deadline.is_some_and(|d| now >= d) {
-            let waited = now.saturating_duration_since(job.enqueued_at);
-            let message = format!(
-                "the request's deadline passed after {} ms in the queue, before it could start; it was not run",
-                waited.as_millis()
-            );
-            self.refuse(job, Dropped::Deadline, message);
+        let Some(job) = self.alive(job, now) else {
             return Start::Refused;
-        }
-        // Its client left while it waited: it never runs either.
-        if let Some(reason) = job.cancel.reason() {
-            self.queue.dropped(class, job.queued_tokens());
-            self.metrics.count_cancel(reason);
-            return Start::Refused;
-        }
+        };
         let cells = job.kv_cells();
         let batch_over =
             class == Class::Batch && self.batch_kv_cells_reserved + cells > self.cfg.batch_kv_cells;
@@ -183,10 +170,19 @@ impl Engine {
                 .flatten()
                 .any(|s| s.job.id == first && !s.done)
         });
-        let (source, mut reuse) = match awaits_prompt_of {
+        let (source, reuse) = match awaits_prompt_of {
             Some(_) => (None, 0),
             None => self.reuse_source(&job),
         };
+        let sojourn = now.saturating_duration_since(job.enqueued_at);
+        let p = match awaits_prompt_of {
+            Some(_) => 1,
+            None => job.prompt.len().saturating_sub(reuse),
+        };
+        if let Some((why, message)) = self.late(class, sojourn, p, now) {
+            self.refuse(job, why, message);
+            return Start::Refused;
+        }
         // Cells shared in place are in the runs their owner's are; a restored
         // entry's are in one.
         let shared_runs = match source {
@@ -194,11 +190,64 @@ impl Engine {
             Some(Source::Parked) => self.parked_runs.0,
             Some(Source::Cached(_)) | None => 0,
         };
-        let sojourn = now.saturating_duration_since(job.enqueued_at);
+        let (slot, reuse) = self.place(ctx, slot, source, reuse, &job);
+        self.metrics
+            .prefix_tokens_reused
+            .fetch_add(reuse as u64, Ordering::Relaxed);
+        self.admitted += 1;
+        let slot_hold = self.queue.started(class, job.queued_tokens());
+        self.metrics.record_queue_wait(class, sojourn);
+        self.metrics
+            .class(class)
+            .started
+            .fetch_add(1, Ordering::Relaxed);
+        let seq = self.new_seq(job, slot_hold, reuse, shared_runs, awaits_prompt_of);
+        // The channel is new and empty, so this never finds it full; a
+        // handler that already left is seen through its cancel flag.
+        let _ = seq.job.events.try_send(Event::Started);
+        self.slots[slot] = Some(seq);
+        Start::Started
+    }
+
+    /// `job`, unless it is dead work: its caller's deadline passed (it never
+    /// costs a FLOP), or its client left while it waited.
+    fn alive(&mut self, job: Job, now: Instant) -> Option<Job> {
+        if job.deadline.is_some_and(|d| now >= d) {
+            let waited = now.saturating_duration_since(job.enqueued_at);
+            let message = format!(
+                "the request's deadline passed after {} ms in the queue, before it could start; it was not run",
+                waited.as_millis()
+            );
+            self.refuse(job, Dropped::Deadline, message);
+            return None;
+        }
+        // Its client left while it waited: it never runs either.
+        if let Some(reason) = job.cancel.reason() {
+            self.queue.dropped(job.class, job.queued_tokens());
+            self.metrics.count_cancel(reason);
+            return None;
+        }
+        Some(job)
+    }
+
+    /// Why a job of `class` that waited `sojourn` and has `p` prompt tokens
+    /// to prefill is shed, if it is: CoDel hears every dequeue (readiness
+    /// follows it), but refuses only under the operator's budget (a closed
+    /// loop of patient clients stands in the queue by design, and is
+    /// served); and a job starts only if its first token can still come
+    /// within its class's W_max: otherwise it would only be late, and hold a
+    /// slot that a job with time left could use. A prompt whose own prefill
+    /// takes longer than the sojourn target is judged on its own prefill, and
+    /// only once it has waited past the target: its first token is late by
+    /// its size, not by the queue.
+    fn late(
+        &mut self,
+        class: Class,
+        sojourn: Duration,
+        p: usize,
+        now: Instant,
+    ) -> Option<(Dropped, String)> {
         let shed = self.cfg.shed[class.index()];
-        // CoDel hears every dequeue (readiness follows it), but refuses only
-        // under the operator's budget: a closed loop of patient clients
-        // stands in the queue by design, and is served.
         let codel = self.codel[class.index()].as_mut();
         let verdict = codel.map(|c| c.on_dequeue(sojourn, now));
         if verdict == Some(Verdict::Shed) && self.cfg.shed_late {
@@ -208,41 +257,42 @@ impl Engine {
                 shed.map_or(0, |(t, _)| t.as_millis()),
                 sojourn.as_millis()
             );
-            self.refuse(job, Dropped::Shed(ShedReason::Sojourn), message);
-            return Start::Refused;
+            return Some((Dropped::Shed(ShedReason::Sojourn), message));
         }
-        // A job starts only if its first token can still come within its
-        // class's W_max: otherwise it would only be late, and hold a slot that a
-        // job with time left could use. A prompt whose own prefill takes longer
-        // than the sojourn target is judged on its own prefill, and only once
-        // it has waited past the target: its first token is late by its size,
-        // not by the queue.
-        if let Some((target, _)) = shed.filter(|_| self.cfg.shed_late) {
-            let w_max = self.cfg.queue_wait[class.index()];
-            let p = match awaits_prompt_of {
-                Some(_) => 1,
-                None => job.prompt.len() - reuse,
-            };
-            let own = self.prefill_forecast(p);
-            let (late, forecast) = if own <= target {
-                let forecast = self.prefill_forecast(p + self.prefill_ahead(class, p));
-                (sojourn + forecast > w_max, forecast)
-            } else {
-                (sojourn >= target && sojourn + own > w_max, own)
-            };
-            if late {
-                let message = format!(
-                    "shed: it waited {} ms, and its {} prompt tokens need about {} ms more before a first token: past the {} ms budget of {} requests",
-                    sojourn.as_millis(),
-                    p,
-                    forecast.as_millis(),
-                    w_max.as_millis(),
-                    class.as_str()
-                );
-                self.refuse(job, Dropped::Shed(ShedReason::TtftBudget), message);
-                return Start::Refused;
-            }
-        }
+        let (target, _) = shed.filter(|_| self.cfg.shed_late)?;
+        let w_max = self.cfg.queue_wait[class.index()];
+        let own = self.prefill_forecast(p);
+        let (late, forecast) = if own <= target {
+            let forecast = self.prefill_forecast(p + self.prefill_ahead(class, p));
+            (sojourn + forecast > w_max, forecast)
+        } else {
+            (sojourn >= target && sojourn + own > w_max, own)
+        };
+        late.then(|| {
+            let message = format!(
+                "shed: it waited {} ms, and its {} prompt tokens need about {} ms more before a first token: past the {} ms budget of {} requests",
+                sojourn.as_millis(),
+                p,
+                forecast.as_millis(),
+                w_max.as_millis(),
+                class.as_str()
+            );
+            (Dropped::Shed(ShedReason::TtftBudget), message)
+        })
+    }
+
+    /// Reserves `job`'s cells and puts its reused prefix (`reuse` tokens from
+    /// `source`) in place. Returns the slot it runs in and the tokens reused
+    /// (0 when a cached entry could not be restored).
+    fn place(
+        &mut self,
+        ctx: &mut Context,
+        slot: usize,
+        source: Option<Source>,
+        mut reuse: usize,
+        job: &Job,
+    ) -> (usize, usize) {
+        let cells = job.kv_cells();
         // Per sequence, parked cells are in a free slot's stream: a job that
         // reuses them starts there (no copy), and cuts what follows the shared
         // prefix; another job starting there drops them.
@@ -273,7 +323,7 @@ impl Engine {
             self.drop_parked(ctx);
         }
         self.kv_cells_reserved += cells;
-        if class == Class::Batch {
+        if job.class == Class::Batch {
             self.batch_kv_cells_reserved += cells;
         }
         match source {
@@ -303,17 +353,19 @@ impl Engine {
             reuse as i32 - 1,
             "slot {slot} holds its reused prefix"
         );
-        self.metrics
-            .prefix_tokens_reused
-            .fetch_add(reuse as u64, Ordering::Relaxed);
-        self.admitted += 1;
-        let slot_hold = self.queue.started(class, job.queued_tokens());
-        self.metrics.record_queue_wait(class, sojourn);
-        self.metrics
-            .class(class)
-            .started
-            .fetch_add(1, Ordering::Relaxed);
-        let seq = Seq {
+        (slot, reuse)
+    }
+
+    /// The running sequence of `job` in its slot, `reuse` tokens in.
+    fn new_seq(
+        &self,
+        mut job: Job,
+        slot_hold: Slot,
+        reuse: usize,
+        shared_runs: usize,
+        awaits_prompt_of: Option<u64>,
+    ) -> Seq {
+        Seq {
             _slot: slot_hold,
             sampler: sample::Sampler::new(
                 &job.gen.sampling,
@@ -340,12 +392,7 @@ impl Engine {
             pause: Pause::default(),
             done: false,
             job,
-        };
-        // The channel is new and empty, so this never finds it full; a
-        // handler that already left is seen through its cancel flag.
-        let _ = seq.job.events.try_send(Event::Started);
-        self.slots[slot] = Some(seq);
-        Start::Started
+        }
     }
 
     /// Where `job` may take its prompt's first tokens from instead of

@@ -31,30 +31,7 @@ impl Engine {
             seq.kv_tokens.push(t);
         }
         if was_prefill && seq.job.gen.echo_logprobs {
-            let top_n = seq.job.gen.top_logprobs.unwrap_or(0);
-            if seq.n_past == 0 {
-                seq.prompt_logprobs.push(TokenLogprob {
-                    token: seq.job.prompt[0],
-                    text: piece_text(&model, seq.job.prompt[0]),
-                    logprob: None,
-                    top: Vec::new(),
-                });
-            }
-            for k in 0..n {
-                let pos = seq.n_past + k;
-                if pos + 1 >= prompt_len {
-                    break;
-                }
-                let next = seq.job.prompt[pos + 1];
-                let logits = ctx.logits(&self.batch, first + k);
-                let summary = logprobs::summarize(logits, top_n);
-                seq.prompt_logprobs.push(TokenLogprob {
-                    token: next,
-                    text: piece_text(&model, next),
-                    logprob: Some(summary.logprob(logits, next)),
-                    top: with_text(&model, &summary.top),
-                });
-            }
+            echo_prompt_logprobs(seq, ctx, &self.batch, &model, first, n);
         }
         seq.n_past += n;
         if seq.n_past < prompt_len {
@@ -81,34 +58,8 @@ impl Engine {
 
         // The last token of this chunk has logits: sample the next token.
         let at = first + n - 1;
-        let token = seq.sampler.sample(ctx, &self.batch, at);
-        let logprob = seq.job.gen.top_logprobs.map(|top_n| {
-            let logits = ctx.logits(&self.batch, at);
-            let summary = logprobs::summarize(logits, top_n);
-            TokenLogprob {
-                token,
-                text: piece_text(&model, token),
-                logprob: Some(summary.logprob(logits, token)),
-                top: with_text(&model, &summary.top),
-            }
-        });
-        seq.completion_tokens += 1;
-        let now = Instant::now();
-        let first = seq
-            .last_token_at
-            .is_none()
-            .then(|| now.saturating_duration_since(seq.job.enqueued_at));
-        let gap = seq.last_token_at.map(|t| now.saturating_duration_since(t));
-        seq.last_token_at = Some(now);
-        self.metrics.record_token(seq.job.class, first, gap);
-        self.metrics
-            .tokens_generated
-            .fetch_add(1, Ordering::Relaxed);
-        if seq.job.cancel.reason().is_some() {
-            self.metrics
-                .tokens_after_cancel
-                .fetch_add(1, Ordering::Relaxed);
-        }
+        let (token, logprob) = sample_next(seq, ctx, &self.batch, &model, at);
+        count_token(&self.metrics, seq);
 
         let eog = model.is_eog(token) && !seq.job.gen.ignore_eos;
         let fed = if eog {
@@ -333,4 +284,83 @@ fn with_text(model: &Model, top: &[(Token, f32)]) -> Vec<(Token, String, f32)> {
     top.iter()
         .map(|&(t, lp)| (t, piece_text(model, t), lp))
         .collect()
+}
+
+/// The prompt's log-probabilities (`echo` with `logprobs`) for the `n`
+/// tokens just prefilled at batch indices `first..`: each position's logits
+/// score the next prompt token; the first token has none.
+fn echo_prompt_logprobs(
+    seq: &mut Seq,
+    ctx: &mut Context,
+    batch: &Batch,
+    model: &Model,
+    first: usize,
+    n: usize,
+) {
+    let prompt_len = seq.job.prompt.len();
+    let top_n = seq.job.gen.top_logprobs.unwrap_or(0);
+    if seq.n_past == 0 {
+        seq.prompt_logprobs.push(TokenLogprob {
+            token: seq.job.prompt[0],
+            text: piece_text(model, seq.job.prompt[0]),
+            logprob: None,
+            top: Vec::new(),
+        });
+    }
+    for k in 0..n {
+        let pos = seq.n_past + k;
+        if pos + 1 >= prompt_len {
+            break;
+        }
+        let next = seq.job.prompt[pos + 1];
+        let logits = ctx.logits(batch, first + k);
+        let summary = logprobs::summarize(logits, top_n);
+        seq.prompt_logprobs.push(TokenLogprob {
+            token: next,
+            text: piece_text(model, next),
+            logprob: Some(summary.logprob(logits, next)),
+            top: with_text(model, &summary.top),
+        });
+    }
+}
+
+/// The next token from the logits at batch index `at`, and its
+/// log-probabilities when the request asks for them.
+fn sample_next(
+    seq: &mut Seq,
+    ctx: &mut Context,
+    batch: &Batch,
+    model: &Model,
+    at: usize,
+) -> (Token, Option<TokenLogprob>) {
+    let token = seq.sampler.sample(ctx, batch, at);
+    let logprob = seq.job.gen.top_logprobs.map(|top_n| {
+        let logits = ctx.logits(batch, at);
+        let summary = logprobs::summarize(logits, top_n);
+        TokenLogprob {
+            token,
+            text: piece_text(model, token),
+            logprob: Some(summary.logprob(logits, token)),
+            top: with_text(model, &summary.top),
+        }
+    });
+    (token, logprob)
+}
+
+/// A sampled token counted: the sequence's, its first-token or gap time,
+/// the totals (and those sampled after a cancel).
+fn count_token(metrics: &Metrics, seq: &mut Seq) {
+    seq.completion_tokens += 1;
+    let now = Instant::now();
+    let first = seq
+        .last_token_at
+        .is_none()
+        .then(|| now.saturating_duration_since(seq.job.enqueued_at));
+    let gap = seq.last_token_at.map(|t| now.saturating_duration_since(t));
+    seq.last_token_at = Some(now);
+    metrics.record_token(seq.job.class, first, gap);
+    metrics.tokens_generated.fetch_add(1, Ordering::Relaxed);
+    if seq.job.cancel.reason().is_some() {
+        metrics.tokens_after_cancel.fetch_add(1, Ordering::Relaxed);
+    }
 }

@@ -266,25 +266,9 @@ fn handle(state: &AppState, mut req: Request) {
     req.add_response_header(header("X-Request-Id", &id));
     let path = req.url().split('?').next().unwrap_or("").to_string();
     let method = req.method().clone();
-    let has = |name: &'static str| req.headers().iter().any(|h| h.field.equiv(name));
-    if state.test_hooks.panic && has("X-Sluice-Test-Panic") {
-        panic!("X-Sluice-Test-Panic (SLUICE_TEST_HOOKS=panic)");
-    }
-    if state.test_hooks.hold && has("X-Sluice-Test-Hold") {
-        crate::say!("sluice: test hook: a handler holds a request until its client leaves");
-        let t0 = Instant::now();
-        if let Some(probe) = req.take_peer_socket() {
-            while !ffi::peer_closed(&probe) && t0.elapsed() < TEST_HOLD_MAX {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        respond_json(
-            req,
-            200,
-            &json!({"held_ms": t0.elapsed().as_millis() as u64}),
-        );
+    let Some(mut req) = test_hook(state, req) else {
         return;
-    }
+    };
     if let Err(e) = guard::admit(state, &mut req) {
         state.metrics.forbidden.fetch_add(1, Ordering::Relaxed);
         log_refusal(&req, &e);
@@ -313,47 +297,11 @@ fn handle(state: &AppState, mut req: Request) {
             }
             None => respond_json(req, 200, &json!({"status": "ready"})),
         },
-        (Method::Get, "/v1/models") => {
-            if let Err(e) = intake::authenticate(state, &req) {
-                state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
-                respond_error(req, &e);
-                return;
-            }
-            let body = json!({"object": "list", "data": [model_object(state)]});
-            respond_json(req, 200, &body);
-        }
-        (Method::Get, p) if p.starts_with("/v1/models/") => {
-            if let Err(e) = intake::authenticate(state, &req) {
-                state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
-                respond_error(req, &e);
-                return;
-            }
-            if p["/v1/models/".len()..] == state.cfg.model_name {
-                respond_json(req, 200, &model_object(state));
-            } else {
-                let e = ApiError::NotFound { path };
-                log_refusal(&req, &e);
-                respond_error(req, &e);
-            }
+        (Method::Get, p) if p == "/v1/models" || p.starts_with("/v1/models/") => {
+            models(state, req, path)
         }
         (Method::Post, "/tokenize" | "/v1/tokenize" | "/detokenize" | "/v1/detokenize") => {
-            let tokenize = path.ends_with("/tokenize");
-            let answer = intake::authenticate(state, &req)
-                .inspect_err(|_| {
-                    state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
-                })
-                .and_then(|_| intake::json_body(state, &mut req))
-                .and_then(|body| {
-                    if tokenize {
-                        tokens::tokenize(state, &body)
-                    } else {
-                        tokens::detokenize(state, &body)
-                    }
-                });
-            match answer {
-                Ok(v) => respond_json(req, 200, &v),
-                Err(e) => respond_error(req, &e),
-            }
+            tokenize_route(state, req, path.ends_with("/tokenize"))
         }
         (Method::Get, "/" | "/index.html") => {
             let resp = Response::from_string(STATUS_PAGE)
@@ -387,6 +335,72 @@ fn handle(state: &AppState, mut req: Request) {
             log_refusal(&req, &e);
             respond_error(req, &e);
         }
+    }
+}
+
+/// The test hooks (`SLUICE_TEST_HOOKS`): a handler that panics, or holds
+/// its request until the client leaves. `None` when a hook answered.
+fn test_hook(state: &AppState, mut req: Request) -> Option<Request> {
+    let has = |name: &'static str| req.headers().iter().any(|h| h.field.equiv(name));
+    if state.test_hooks.panic && has("X-Sluice-Test-Panic") {
+        panic!("X-Sluice-Test-Panic (SLUICE_TEST_HOOKS=panic)");
+    }
+    if state.test_hooks.hold && has("X-Sluice-Test-Hold") {
+        crate::say!("sluice: test hook: a handler holds a request until its client leaves");
+        let t0 = Instant::now();
+        if let Some(probe) = req.take_peer_socket() {
+            while !ffi::peer_closed(&probe) && t0.elapsed() < TEST_HOLD_MAX {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        respond_json(
+            req,
+            200,
+            &json!({"held_ms": t0.elapsed().as_millis() as u64}),
+        );
+        return None;
+    }
+    Some(req)
+}
+
+/// `GET /v1/models` and `GET /v1/models/{name}`: the one model served.
+fn models(state: &AppState, req: Request, path: String) {
+    if let Err(e) = intake::authenticate(state, &req) {
+        state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+        respond_error(req, &e);
+        return;
+    }
+    match path.strip_prefix("/v1/models/") {
+        None => {
+            let body = json!({"object": "list", "data": [model_object(state)]});
+            respond_json(req, 200, &body);
+        }
+        Some(name) if name == state.cfg.model_name => respond_json(req, 200, &model_object(state)),
+        Some(_) => {
+            let e = ApiError::NotFound { path };
+            log_refusal(&req, &e);
+            respond_error(req, &e);
+        }
+    }
+}
+
+/// `POST /tokenize` and `/detokenize` (also under `/v1/`).
+fn tokenize_route(state: &AppState, mut req: Request, tokenize: bool) {
+    let answer = intake::authenticate(state, &req)
+        .inspect_err(|_| {
+            state.metrics.unauthorized.fetch_add(1, Ordering::Relaxed);
+        })
+        .and_then(|_| intake::json_body(state, &mut req))
+        .and_then(|body| {
+            if tokenize {
+                tokens::tokenize(state, &body)
+            } else {
+                tokens::detokenize(state, &body)
+            }
+        });
+    match answer {
+        Ok(v) => respond_json(req, 200, &v),
+        Err(e) => respond_error(req, &e),
     }
 }
 

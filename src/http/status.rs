@@ -2,15 +2,31 @@
 //! configuration, beside the counters and histograms `metrics` keeps.
 
 use super::{not_ready, AppState};
+use crate::admission::{Bounds, Rates};
 use crate::priority::Class;
 
 /// The Prometheus text of `/metrics`.
 pub(super) fn metrics_text(state: &AppState) -> String {
     let (rates, class_bounds) = state.queue.snapshot();
-    let typical = state.queue.typical();
     let bounds = class_bounds[Class::Interactive.index()];
+    let mut gauges = queue_gauges(state, bounds).to_vec();
+    gauges.extend(rate_and_engine_gauges(state, rates, bounds));
+    let mut out = state.metrics.render(
+        &gauges,
+        &class_gauges(state, &class_bounds),
+        state.limiter.gauges(),
+    );
+    front_text(state, &mut out);
+    out
+}
+
+type Gauge = (&'static str, &'static str, f64);
+type ClassGauge = (&'static str, &'static str, [f64; Class::COUNT]);
+
+/// Each class's queue, bounds, budgets and slots.
+fn class_gauges(state: &AppState, class_bounds: &[Bounds; Class::COUNT]) -> [ClassGauge; 7] {
     let classes = |f: &dyn Fn(Class) -> f64| Class::ALL.map(f);
-    let class_gauges = [
+    [
         (
             "sluice_class_queue_depth",
             "Requests of each class waiting for a slot.",
@@ -49,8 +65,12 @@ pub(super) fn metrics_text(state: &AppState) -> String {
                 Class::Batch => state.cfg.batch_slots() as f64,
             }),
         ),
-    ];
-    let gauges = [
+    ]
+}
+
+/// The compute pool and the queue against its bounds.
+fn queue_gauges(state: &AppState, bounds: Bounds) -> [Gauge; 7] {
+    [
         (
             "sluice_compute_threads",
             "Compute threads (engine + ggml workers).",
@@ -92,6 +112,14 @@ pub(super) fn metrics_text(state: &AppState) -> String {
             "Budget of waiting interactive prompt tokens (mu_prefill x W_max).",
             bounds.queued_tokens_max as f64,
         ),
+    ]
+}
+
+/// The rates and the mix the bounds come from, the targets, readiness, the
+/// engine's heartbeat and the handler pool.
+fn rate_and_engine_gauges(state: &AppState, rates: Rates, bounds: Bounds) -> [Gauge; 12] {
+    let typical = state.queue.typical();
+    [
         (
             "sluice_mu_prefill_tokens_per_second",
             "Prefill rate the admission bounds are derived from (calibrated, refined online).",
@@ -152,12 +180,7 @@ pub(super) fn metrics_text(state: &AppState) -> String {
             "HTTP handler threads.",
             state.http_threads as f64,
         ),
-    ];
-    let mut out = state
-        .metrics
-        .render(&gauges, &class_gauges, state.limiter.gauges());
-    front_text(state, &mut out);
-    out
+    ]
 }
 
 /// The HTTP front: connections against their bound, the handlers, and what

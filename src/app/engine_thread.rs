@@ -1,0 +1,238 @@
+//! The engine thread's start. It creates the llama context (ggml pins the
+//! creating thread as its worker 0, and the workers it starts inherit the
+//! name the thread has then), picks the attention pairing, calibrates,
+//! reports what it made (`Started`), and waits for its queue, which start-up
+//! sizes from that; then it runs the engine until the end.
+
+use crate::calibration_cache::Kept;
+use crate::config::{Config, FlashAttnSetting, KvTypeSetting};
+use crate::engine::calibration::Calibration;
+use crate::engine::{self, EngineConfig};
+use crate::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
+use crate::metrics::Metrics;
+use crate::priority::Class;
+use crate::startup::{
+    attention_candidates, measure_attention, staggered_cells, start_up_calibration,
+};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// What the engine thread hands back once its context is made and measured.
+pub(super) struct Started {
+    pub(super) n_ctx: usize,
+    pub(super) calibration: Option<Calibration>,
+    pub(super) engine_stop: Arc<ffi::AbortWatch>,
+    pub(super) pairing: (FlashAttn, KvType),
+    /// The pairing was chosen by timing the candidates (now or before).
+    pub(super) measured: bool,
+}
+
+type Ready = Result<Started, String>;
+
+/// What the engine thread is to do before it serves.
+pub(super) struct Plan {
+    engine_cfg: EngineConfig,
+    flash_attn: FlashAttnSetting,
+    kv_type: KvTypeSetting,
+    /// The pairing the calibration cache kept, and whether it was timed.
+    cached_pairing: Option<((FlashAttn, KvType), bool)>,
+    /// The rates the calibration cache kept, when they are wanted.
+    pub(super) cached_calibration: Option<Calibration>,
+    /// Rates are measured unless given (or `--calibrate-only` asks).
+    pub(super) calibrate: bool,
+    /// `--calibrate-only`: time the pairings now, whatever is kept.
+    measure_now: bool,
+}
+
+impl Plan {
+    pub(super) fn new(cfg: &Config, n_ctx: usize, kept: Option<&Kept>) -> Plan {
+        let calibrate = cfg.rates.is_none() || cfg.calibrate_only;
+        let (cached_pairing, cached_calibration) = match kept.and_then(|k| k.entry.as_ref()) {
+            Some(e) => (
+                e.pairing().map(|p| (p, e.attention_measured)),
+                e.calibration().filter(|_| calibrate),
+            ),
+            None => (None, None),
+        };
+        Plan {
+            engine_cfg: engine_config(cfg, n_ctx),
+            flash_attn: cfg.flash_attn,
+            kv_type: cfg.kv_type,
+            cached_pairing,
+            cached_calibration,
+            calibrate,
+            measure_now: cfg.calibrate_only,
+        }
+    }
+}
+
+fn engine_config(cfg: &Config, n_ctx: usize) -> EngineConfig {
+    EngineConfig {
+        parallel: cfg.parallel,
+        n_ctx,
+        n_batch: cfg.n_batch(),
+        step_tokens: cfg.step_tokens,
+        itl_target: cfg.itl_target,
+        queue_wait: Class::ALL.map(|c| cfg.queue_wait(c)),
+        stall_timeout: cfg.stall_timeout,
+        cpus: cfg.cpus.clone(),
+        poll: cfg.poll,
+        shed: Class::ALL.map(|c| cfg.shed(c)),
+        shed_late: cfg.shed_late,
+        batch_slots: cfg.batch_slots(),
+        batch_kv_cells: cfg.batch_kv_cells(n_ctx),
+        batch_every: cfg.batch_every,
+        save_s_per_run: None,
+        kv_layout: cfg.kv_layout,
+    }
+}
+
+/// The engine thread, started: what it reports, and where its queue goes.
+pub(super) struct EngineThread {
+    pub(super) handle: JoinHandle<()>,
+    ready: Receiver<Ready>,
+    wiring: Sender<engine::Wiring>,
+}
+
+impl EngineThread {
+    pub(super) fn spawn(
+        model: &Arc<Model>,
+        metrics: &Arc<Metrics>,
+        plan: Plan,
+    ) -> Result<EngineThread, String> {
+        let (ready_tx, ready) = bounded::<Ready>(1);
+        let (wiring, wiring_rx) = bounded::<engine::Wiring>(1);
+        let model = Arc::clone(model);
+        let metrics = Arc::clone(metrics);
+        let handle = std::thread::Builder::new()
+            .name("sluice-engine".into())
+            .spawn(move || engine_main(model, metrics, plan, ready_tx, wiring_rx))
+            .map_err(|e| format!("cannot start the engine thread: {e}"))?;
+        Ok(EngineThread {
+            handle,
+            ready,
+            wiring,
+        })
+    }
+
+    /// Waits for the context and the calibration.
+    pub(super) fn started(&self) -> Result<Started, String> {
+        self.ready
+            .recv()
+            .map_err(|_| "the engine thread died while starting".to_string())?
+    }
+
+    /// Hands the engine its queue, its cost model and its prefix cache.
+    pub(super) fn wire(&self, wiring: engine::Wiring) -> Result<(), String> {
+        self.wiring
+            .send(wiring)
+            .map_err(|_| "the engine thread died while starting".to_string())
+    }
+}
+
+fn engine_main(
+    model: Arc<Model>,
+    metrics: Arc<Metrics>,
+    plan: Plan,
+    ready: Sender<Ready>,
+    wiring: Receiver<engine::Wiring>,
+) {
+    ffi::set_current_thread_name("sluice-ggml");
+    let mut params = context_params(&plan.engine_cfg);
+    let (pairing, measured) = pick_pairing(&model, &params, &plan);
+    (params.flash_attn, params.kv_type) = pairing;
+    let ctx = Context::new(Arc::clone(&model), &params);
+    ffi::set_current_thread_name("sluice-engine");
+    let made = ctx.and_then(|mut ctx| {
+        let calibration = calibration(&model, &mut ctx, &plan)?;
+        Ok((ctx, calibration))
+    });
+    let (ctx, calibration) = match made {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let engine_cfg = plan.engine_cfg;
+    // What one request may use: the cells admission reserves in all
+    // (llama.cpp's are rounded up; `staggered_cells`).
+    let n_ctx = engine_cfg.n_ctx.min(match engine_cfg.kv_layout {
+        KvLayout::Unified => ctx.n_ctx(),
+        KvLayout::PerSequence => ctx.n_ctx_seq(),
+    });
+    let started = Started {
+        n_ctx,
+        calibration,
+        engine_stop: ctx.abort_handle(),
+        pairing,
+        measured,
+    };
+    let _ = ready.send(Ok(started));
+    let engine_cfg = EngineConfig {
+        save_s_per_run: calibration.and_then(|c| c.save_s_per_run),
+        ..engine_cfg
+    };
+    if let Ok(wiring) = wiring.recv() {
+        engine::run(model, ctx, engine_cfg, metrics, wiring);
+    }
+}
+
+/// The context's shape; the attention pairing is set once chosen.
+fn context_params(engine_cfg: &EngineConfig) -> ContextParams {
+    let per_seq = engine_cfg.kv_layout == KvLayout::PerSequence;
+    ContextParams {
+        // Per sequence, each stream holds --ctx cells, so that one request
+        // may use them all; admission still reserves at most --ctx in all
+        // (see ARCHITECTURE.md, memory).
+        n_ctx: if per_seq {
+            (staggered_cells(engine_cfg.n_ctx) * engine_cfg.parallel) as u32
+        } else {
+            staggered_cells(engine_cfg.n_ctx) as u32
+        },
+        kv_layout: engine_cfg.kv_layout,
+        n_batch: engine_cfg.n_batch as u32,
+        // Unified: one sequence id past the slots' for parked cells.
+        n_seq_max: engine_cfg.parallel as u32 + u32::from(!per_seq),
+        cpus: engine_cfg.cpus.clone(),
+        poll: engine_cfg.poll,
+        flash_attn: FlashAttn::Off,
+        kv_type: KvType::F16,
+    }
+}
+
+/// The attention/KV type pairing: the only candidate the flags leave, or
+/// the candidates timed now (`--calibrate-only`), or the one the cache kept,
+/// or the first candidate.
+fn pick_pairing(
+    model: &Arc<Model>,
+    params: &ContextParams,
+    plan: &Plan,
+) -> ((FlashAttn, KvType), bool) {
+    let candidates = attention_candidates(plan.flash_attn, plan.kv_type);
+    match (&candidates[..], plan.cached_pairing) {
+        ([only], _) => (*only, false),
+        _ if plan.measure_now => (
+            measure_attention(model, params, plan.engine_cfg.parallel, &candidates),
+            true,
+        ),
+        (_, Some(kept)) => kept,
+        _ => (candidates[0], false),
+    }
+}
+
+/// The rates: the cache's, or measured now, or none (given by flags).
+fn calibration(
+    model: &Arc<Model>,
+    ctx: &mut Context,
+    plan: &Plan,
+) -> Result<Option<Calibration>, String> {
+    if let Some(c) = plan.cached_calibration {
+        return Ok(Some(c));
+    }
+    if !plan.calibrate {
+        return Ok(None);
+    }
+    start_up_calibration(model, ctx, &plan.engine_cfg).map(Some)
+}
