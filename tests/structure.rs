@@ -1,9 +1,8 @@
 //! The floors of the code, checked on its text: no module imports one on
 //! its own floor or above (so no circle), no file is over 700 lines, no
 //! function over 100, and `unsafe` is allowed in `ffi` alone. ARCHITECTURE.md
-//! ("The floors") shows the same floors.
+//! ("Code map") lists the same floors.
 
-use std::collections::BTreeMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -25,14 +24,6 @@ const FLOORS: &[&[&str]] = &[
 
 const FILE_LINES_MAX: usize = 700;
 const FUNCTION_LINES_MAX: usize = 100;
-
-/// Functions over `FUNCTION_LINES_MAX` lines that are yet to be split (issue
-/// 26), each with the length it may not exceed: a new long function, or one
-/// of these grown, fails; one split below the limit must leave this list.
-const LONG_FUNCTIONS_LEFT: &[(&str, &str, usize)] = &[
-    ("http/embeddings.rs", "parse", 102),
-    ("http/request.rs", "gen_params", 111),
-];
 
 fn src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
@@ -213,51 +204,18 @@ fn functions(text: &str) -> Vec<(String, usize)> {
 
 #[test]
 fn no_function_is_over_100_lines() {
-    let left: BTreeMap<(&str, &str), usize> = LONG_FUNCTIONS_LEFT
-        .iter()
-        .map(|&(file, name, max)| ((file, name), max))
-        .collect();
-    // Several functions may share a name in one file (in different impls):
-    // each name is judged by its longest.
-    let mut longest: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let mut long = Vec::new();
     for (rel, text) in rust_files(&src()) {
         for (name, n) in functions(&text) {
-            let e = longest.entry((rel.clone(), name)).or_default();
-            *e = (*e).max(n);
-        }
-    }
-    let mut wrong = Vec::new();
-    let mut seen = Vec::new();
-    for ((rel, name), n) in &longest {
-        let n = *n;
-        match left.get(&(rel.as_str(), name.as_str())) {
-            Some(&max) => {
-                seen.push((rel.clone(), name.clone()));
-                if n > max {
-                    wrong.push(format!(
-                        "{rel}: fn {name} grew to {n} lines (at most {max})"
-                    ));
-                } else if n <= FUNCTION_LINES_MAX {
-                    wrong.push(format!(
-                        "{rel}: fn {name} is {n} lines now: take it off LONG_FUNCTIONS_LEFT"
-                    ));
-                }
+            if n > FUNCTION_LINES_MAX {
+                long.push(format!("{rel}: fn {name} is {n} lines"));
             }
-            None if n > FUNCTION_LINES_MAX => wrong.push(format!("{rel}: fn {name} is {n} lines")),
-            None => {}
-        }
-    }
-    for &(file, name, _) in LONG_FUNCTIONS_LEFT {
-        if !seen.iter().any(|(f, n)| f == file && n == name) {
-            wrong.push(format!(
-                "{file}: fn {name} is gone: take it off LONG_FUNCTIONS_LEFT"
-            ));
         }
     }
     assert!(
-        wrong.is_empty(),
+        long.is_empty(),
         "functions over {FUNCTION_LINES_MAX} lines:\n{}",
-        wrong.join("\n")
+        long.join("\n")
     );
 }
 

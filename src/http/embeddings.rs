@@ -85,6 +85,13 @@ pub(super) fn parse(body: &[u8], n_embd: usize) -> Result<EmbedRequest, ApiError
             }
         }
     }
+    let inputs = inputs(obj.get("input"))?;
+    Ok(EmbedRequest { inputs, base64 })
+}
+
+/// `input`: a string, an array of strings, an array of token ids, or an
+/// array of arrays of token ids; at most `INPUTS_MAX`.
+fn inputs(input: Option<&Value>) -> Result<Vec<Input>, ApiError> {
     let bad = || {
         ApiError::invalid(
             "input",
@@ -102,7 +109,7 @@ pub(super) fn parse(body: &[u8], n_embd: usize) -> Result<EmbedRequest, ApiError
             })
             .collect()
     };
-    let inputs = match obj.get("input") {
+    let inputs = match input {
         None => return Err(ApiError::invalid("input", "'input' is required")),
         Some(Value::String(s)) => vec![Input::Text(s.clone())],
         Some(Value::Array(items)) if items.is_empty() => {
@@ -130,7 +137,7 @@ pub(super) fn parse(body: &[u8], n_embd: usize) -> Result<EmbedRequest, ApiError
             ),
         ));
     }
-    Ok(EmbedRequest { inputs, base64 })
+    Ok(inputs)
 }
 
 /// The inputs' tokens, one after another, and where each ends. Each input

@@ -10,6 +10,7 @@ use super::validation::{self, Api, Format, Input, ValidRequest};
 use super::{openai, reply, AppState};
 use crate::admission::{GenParams, Job};
 use crate::ffi::{SamplingParams, Token};
+use crate::grammar::Constraint;
 use crate::priority::Class;
 use crate::stream::{CancelFlag, Event};
 use crossbeam_channel::Receiver;
@@ -180,37 +181,7 @@ fn gen_params(
     class: Class,
     prompt: Vec<Token>,
 ) -> Result<(GenParams, Vec<Token>), ApiError> {
-    // A batch request may not take the KV cells kept for interactive ones.
-    let (n_ctx, whose) = match class {
-        Class::Interactive => (state.seq_tokens_max, ""),
-        Class::Batch if state.batch_seq_tokens_max < state.seq_tokens_max => (
-            state.batch_seq_tokens_max,
-            " of batch requests (the KV cache less the interactive slots' share)",
-        ),
-        Class::Batch => (state.seq_tokens_max, ""),
-    };
-    let p = prompt.len();
-    let scoring_only = v.echo && v.max_tokens == Some(0);
-    let room = n_ctx.saturating_sub(p);
-    if room == 0 && !scoring_only || p > n_ctx {
-        return Err(ApiError::ContextLength {
-            message: format!(
-                "prompt has {p} tokens; the context limit{whose} is {n_ctx} tokens, including at least 1 to generate"
-            ),
-        });
-    }
-    let max_tokens = match v.max_tokens {
-        Some(n) if n > room => {
-            return Err(ApiError::ContextLength {
-                message: format!(
-                    "prompt has {p} tokens and max_tokens is {n}: together {} tokens, over the context limit{whose} of {n_ctx}",
-                    p + n
-                ),
-            })
-        }
-        Some(n) => n,
-        None => state.cfg.max_tokens_default.min(room),
-    };
+    let max_tokens = fitted_max_tokens(state, v, class, prompt.len())?;
     let seed = v.seed.unwrap_or_else(random_seed);
     let n_vocab = state.prompter.n_vocab();
     if let Some(&(bad, _)) = v
@@ -224,6 +195,70 @@ fn gen_params(
             format!("'logit_bias' names token {bad}, outside the vocabulary of {n_vocab} tokens"),
         ));
     }
+    let constraint = constraint(state, v)?;
+    Ok((
+        GenParams {
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: v.temperature,
+                top_k: v.top_k,
+                top_p: v.top_p,
+                min_p: v.min_p,
+                seed,
+            },
+            penalties: v.penalties.clone(),
+            constraint,
+            stop: v.stop.clone(),
+            ignore_eos: v.ignore_eos,
+            top_logprobs: v.top_logprobs,
+            echo_logprobs: v.echo && v.top_logprobs.is_some(),
+        },
+        prompt,
+    ))
+}
+
+/// `max_tokens` fitted to the context the request's class may use (the
+/// default fills the room left, up to `--max-tokens-default`); a prompt or
+/// a `max_tokens` that does not fit is a 400.
+fn fitted_max_tokens(
+    state: &AppState,
+    v: &ValidRequest,
+    class: Class,
+    p: usize,
+) -> Result<usize, ApiError> {
+    // A batch request may not take the KV cells kept for interactive ones.
+    let (n_ctx, whose) = match class {
+        Class::Interactive => (state.seq_tokens_max, ""),
+        Class::Batch if state.batch_seq_tokens_max < state.seq_tokens_max => (
+            state.batch_seq_tokens_max,
+            " of batch requests (the KV cache less the interactive slots' share)",
+        ),
+        Class::Batch => (state.seq_tokens_max, ""),
+    };
+    let scoring_only = v.echo && v.max_tokens == Some(0);
+    let room = n_ctx.saturating_sub(p);
+    if room == 0 && !scoring_only || p > n_ctx {
+        return Err(ApiError::ContextLength {
+            message: format!(
+                "prompt has {p} tokens; the context limit{whose} is {n_ctx} tokens, including at least 1 to generate"
+            ),
+        });
+    }
+    match v.max_tokens {
+        Some(n) if n > room => Err(ApiError::ContextLength {
+            message: format!(
+                "prompt has {p} tokens and max_tokens is {n}: together {} tokens, over the context limit{whose} of {n_ctx}",
+                p + n
+            ),
+        }),
+        Some(n) => Ok(n),
+        None => Ok(state.cfg.max_tokens_default.min(room)),
+    }
+}
+
+/// What structured output holds the answer to: the tools' call format, a
+/// JSON schema or any JSON object; or nothing.
+fn constraint(state: &AppState, v: &ValidRequest) -> Result<Option<Constraint>, ApiError> {
     let grammars = || {
         state.grammars.as_ref().map_err(|e| {
             ApiError::invalid(
@@ -232,7 +267,7 @@ fn gen_params(
             )
         })
     };
-    let constraint = match &v.format {
+    Ok(match &v.format {
         Format::Text if v.tools.calls() => Some(
             grammars()?
                 .json_schema(&v.tools.call_schema(), v.tools.strict())
@@ -264,26 +299,7 @@ fn gen_params(
                 _ => grammars.json_object(),
             })
         }
-    };
-    Ok((
-        GenParams {
-            max_tokens,
-            sampling: SamplingParams {
-                temperature: v.temperature,
-                top_k: v.top_k,
-                top_p: v.top_p,
-                min_p: v.min_p,
-                seed,
-            },
-            penalties: v.penalties.clone(),
-            constraint,
-            stop: v.stop.clone(),
-            ignore_eos: v.ignore_eos,
-            top_logprobs: v.top_logprobs,
-            echo_logprobs: v.echo && v.top_logprobs.is_some(),
-        },
-        prompt,
-    ))
+    })
 }
 
 fn random_seed() -> u32 {
