@@ -103,27 +103,13 @@ pub struct GenParams {
     pub echo_logprobs: bool,
 }
 
-impl GenParams {
-    /// An embedding job's: it generates nothing (the engine reads its
-    /// token states, not its logits).
-    pub fn embedding() -> GenParams {
-        GenParams {
-            max_tokens: 0,
-            sampling: SamplingParams {
-                temperature: 0.0,
-                top_k: 0,
-                top_p: 1.0,
-                min_p: 0.0,
-                seed: 0,
-            },
-            penalties: Penalties::default(),
-            constraint: None,
-            stop: Vec::new(),
-            ignore_eos: false,
-            top_logprobs: None,
-            echo_logprobs: false,
-        }
-    }
+/// What a job asks of the engine.
+pub enum Task {
+    /// Generate tokens: a completion's or chat's choice.
+    Generate(Box<GenParams>),
+    /// Prefill the prompt (its inputs one after another) and pool each
+    /// input's token states into a vector; nothing is generated.
+    Embed(EmbedSpec),
 }
 
 /// A validated, tokenized request: what the queue holds and the engine runs.
@@ -133,7 +119,7 @@ pub struct Job {
     pub request_id: std::sync::Arc<str>,
     pub class: Class,
     pub prompt: Vec<Token>,
-    pub gen: GenParams,
+    pub task: Task,
     pub enqueued_at: Instant,
     /// The caller's deadline (`X-Request-Timeout`, capped by the server's
     /// ceiling): past it, the job is dropped before it costs a single FLOP.
@@ -144,9 +130,6 @@ pub struct Job {
     /// Prompt tokens the handler found in the prefix cache when it admitted
     /// the job (`PrefixIndex::reusable`): admission counted only the rest.
     pub cached_estimate: usize,
-    /// An embedding request: its inputs (the prompt is theirs, one after
-    /// another), each answered with a vector instead of generated text.
-    pub embed: Option<EmbedSpec>,
     /// A choice after the first of a request with `n` > 1: the id of the
     /// first choice's job, whose prompt cells it takes instead of
     /// prefilling the same prompt again.
@@ -158,10 +141,45 @@ impl Job {
     /// running sequence included): an embedding request's inputs run one at
     /// a time.
     pub fn kv_cells(&self) -> usize {
-        match &self.embed {
-            Some(spec) => spec.longest(),
-            None => self.prompt.len() + self.gen.max_tokens,
+        match &self.task {
+            Task::Embed(spec) => spec.longest(),
+            Task::Generate(gen) => self.prompt.len() + gen.max_tokens,
         }
+    }
+
+    /// An embedding job's inputs.
+    pub fn embed(&self) -> Option<&EmbedSpec> {
+        match &self.task {
+            Task::Embed(spec) => Some(spec),
+            Task::Generate(_) => None,
+        }
+    }
+
+    fn gen(&self) -> Option<&GenParams> {
+        match &self.task {
+            Task::Generate(gen) => Some(gen),
+            Task::Embed(_) => None,
+        }
+    }
+
+    /// Most tokens to generate (an embedding job's: none).
+    pub fn max_tokens(&self) -> usize {
+        self.gen().map_or(0, |g| g.max_tokens)
+    }
+
+    /// Whether the prompt's log-probabilities are asked for.
+    pub fn echo_logprobs(&self) -> bool {
+        self.gen().is_some_and(|g| g.echo_logprobs)
+    }
+
+    /// Alternatives per position to report, if log-probabilities are asked for.
+    pub fn top_logprobs(&self) -> Option<usize> {
+        self.gen().and_then(|g| g.top_logprobs)
+    }
+
+    /// Keep generating past end-of-generation tokens.
+    pub fn ignore_eos(&self) -> bool {
+        self.gen().is_some_and(|g| g.ignore_eos)
     }
 
     /// Prompt tokens admission counts for the job while it waits: the ones it
@@ -623,7 +641,7 @@ impl Admission {
         // Prompt tokens found in the prefix cache are not prefilled: they do
         // not count against the queued-token budget.
         let tokens: usize = jobs.iter().map(Job::queued_tokens).sum();
-        let max_tokens: usize = jobs.iter().map(|j| j.gen.max_tokens).sum();
+        let max_tokens: usize = jobs.iter().map(Job::max_tokens).sum();
         let counters = self.metrics.class(class);
         if let Err(r) = self.gauge.reserve(class, jobs.len(), tokens) {
             return Err(self.refused(class, r, tokens, max_tokens));

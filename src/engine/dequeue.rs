@@ -365,16 +365,23 @@ impl Engine {
         shared_runs: usize,
         awaits_prompt_of: Option<u64>,
     ) -> Seq {
+        let (sampler, stop) = match &mut job.task {
+            Task::Generate(gen) => {
+                let sampler = sample::Sampler::new(
+                    &gen.sampling,
+                    &gen.penalties,
+                    gen.constraint.take(),
+                    self.model.eos(),
+                    &job.prompt,
+                );
+                (Some(sampler), gen.stop.clone())
+            }
+            Task::Embed(_) => (None, Vec::new()),
+        };
         Seq {
             _slot: slot_hold,
-            sampler: sample::Sampler::new(
-                &job.gen.sampling,
-                &job.gen.penalties,
-                job.gen.constraint.take(),
-                self.model.eos(),
-                &job.prompt,
-            ),
-            text: TextAssembler::new(job.gen.stop.clone()),
+            sampler,
+            text: TextAssembler::new(stop),
             admitted: self.admitted,
             n_past: reuse,
             kv_tokens: job.prompt[..reuse].to_vec(),
@@ -405,7 +412,7 @@ impl Engine {
     /// prefills all of it.
     pub(super) fn reuse_source(&self, job: &Job) -> (Option<Source>, usize) {
         // An embedding needs every token's state: nothing is reused.
-        if job.gen.echo_logprobs || job.embed.is_some() || !self.prefix.is_enabled() {
+        if job.echo_logprobs() || job.embed().is_some() || !self.prefix.is_enabled() {
             return (None, 0);
         }
         let free = self.cfg.n_ctx - self.kv_cells_reserved;

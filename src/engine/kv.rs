@@ -84,7 +84,7 @@ impl Engine {
         let seq = self.slots[slot].as_mut().expect("slot is active");
         let tokens = std::mem::take(&mut seq.kv_tokens);
         debug_assert!(
-            seq.job.embed.is_some() || tokens.len() == seq.n_past,
+            seq.job.embed().is_some() || tokens.len() == seq.n_past,
             "kv_tokens follow n_past"
         );
         // What a save costs: one run of cells at a time (unified), or in

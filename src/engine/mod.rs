@@ -25,7 +25,7 @@ pub mod prefix;
 pub mod sample;
 pub mod text;
 
-use crate::admission::{Job, QueueGauge, Queues, Slot};
+use crate::admission::{Job, QueueGauge, Queues, Slot, Task};
 use crate::embed::Pooler;
 use crate::ffi::{self, Batch, Context, KvLayout, Model, Token};
 use crate::metrics::Metrics;
@@ -107,7 +107,8 @@ struct Seq {
     /// Its slot in admission's count, given back when the sequence is dropped.
     _slot: Slot,
     admitted: u64,
-    sampler: sample::Sampler,
+    /// How it picks its tokens; none for an embedding job.
+    sampler: Option<sample::Sampler>,
     text: TextAssembler,
     /// Tokens of this sequence already in the KV cache.
     n_past: usize,
@@ -422,7 +423,7 @@ impl Engine {
             plan.entries.iter().partition(|e| {
                 self.slots[e.slot]
                     .as_ref()
-                    .is_some_and(|s| s.job.embed.is_some())
+                    .is_some_and(|s| s.job.embed().is_some())
             });
         let n_decode = plan.n_decode();
         let split =
@@ -533,10 +534,10 @@ impl Engine {
                     self.batch.push(token, seq.n_past as i32, seq_id, true);
                     placed.push((entry.slot, first, 1));
                 }
-                Work::Prefill { n_tokens } if seq.job.embed.is_some() => {
+                Work::Prefill { n_tokens } if seq.job.embed().is_some() => {
                     // One input at a time, each from position 0 of cells the
                     // one before left empty; every token's state is output.
-                    let spec = seq.job.embed.as_ref().expect("an embedding job");
+                    let spec = seq.job.embed().expect("an embedding job");
                     let (_, input_start, input_end) = spec.input_at(seq.n_past);
                     let n = n_tokens.min(input_end - seq.n_past).min(embed_quota);
                     if n == 0 {
@@ -555,7 +556,7 @@ impl Engine {
                     let prompt_len = seq.job.prompt.len();
                     for pos in start..end {
                         let last = pos + 1 == prompt_len;
-                        let logits = last || seq.job.gen.echo_logprobs;
+                        let logits = last || seq.job.echo_logprobs();
                         self.batch
                             .push(seq.job.prompt[pos], pos as i32, seq_id, logits);
                     }

@@ -13,7 +13,7 @@ impl Engine {
     pub(super) fn after_decode(&mut self, ctx: &mut Context, slot: usize, first: usize, n: usize) {
         if self.slots[slot]
             .as_ref()
-            .is_some_and(|s| s.job.embed.is_some())
+            .is_some_and(|s| s.job.embed().is_some())
         {
             self.after_embed(ctx, slot, first, n);
             return;
@@ -30,7 +30,7 @@ impl Engine {
         } else if let Some(t) = seq.next_token {
             seq.kv_tokens.push(t);
         }
-        if was_prefill && seq.job.gen.echo_logprobs {
+        if was_prefill && seq.job.echo_logprobs() {
             echo_prompt_logprobs(seq, ctx, &self.batch, &model, first, n);
         }
         seq.n_past += n;
@@ -46,11 +46,11 @@ impl Engine {
                     .index()
                     .set_running(slot, Arc::from(&seq.job.prompt[..]));
             }
-            if seq.job.gen.echo_logprobs {
+            if seq.job.echo_logprobs() {
                 let logprobs = std::mem::take(&mut seq.prompt_logprobs);
                 seq.outbox.push_back(Event::Prompt { logprobs });
             }
-            if seq.job.gen.max_tokens == 0 {
+            if seq.job.max_tokens() == 0 {
                 self.finish(ctx, slot, FinishReason::Length);
                 return;
             }
@@ -61,7 +61,7 @@ impl Engine {
         let (token, logprob) = sample_next(seq, ctx, &self.batch, &model, at);
         count_token(&self.metrics, seq);
 
-        let eog = model.is_eog(token) && !seq.job.gen.ignore_eos;
+        let eog = model.is_eog(token) && !seq.job.ignore_eos();
         let fed = if eog {
             text::Fed::default()
         } else {
@@ -75,7 +75,7 @@ impl Engine {
         seq.next_token = Some(token);
         if eog || fed.stopped {
             self.finish(ctx, slot, FinishReason::Stop);
-        } else if seq.completion_tokens >= seq.job.gen.max_tokens {
+        } else if seq.completion_tokens >= seq.job.max_tokens() {
             self.finish(ctx, slot, FinishReason::Length);
         } else {
             self.flush(ctx, slot);
@@ -88,7 +88,7 @@ impl Engine {
     /// the next input; after the last one, the request ends.
     fn after_embed(&mut self, ctx: &mut Context, slot: usize, first: usize, n: usize) {
         let seq = self.slots[slot].as_mut().expect("decoded slot is active");
-        let spec = seq.job.embed.as_ref().expect("an embedding job");
+        let spec = seq.job.embed().expect("an embedding job");
         let (index, start, end) = spec.input_at(seq.n_past);
         let pooling = spec.pooling;
         for k in 0..n {
@@ -152,7 +152,7 @@ impl Engine {
         let class = seq.job.class;
         // An embedding request's cells hold its last input only: not worth
         // a place in the prefix cache.
-        let keep = seq.job.embed.is_none();
+        let keep = seq.job.embed().is_none();
         self.release_kv(ctx, slot, keep);
         self.metrics.completed.fetch_add(1, Ordering::Relaxed);
         self.metrics
@@ -298,7 +298,7 @@ fn echo_prompt_logprobs(
     n: usize,
 ) {
     let prompt_len = seq.job.prompt.len();
-    let top_n = seq.job.gen.top_logprobs.unwrap_or(0);
+    let top_n = seq.job.top_logprobs().unwrap_or(0);
     if seq.n_past == 0 {
         seq.prompt_logprobs.push(TokenLogprob {
             token: seq.job.prompt[0],
@@ -333,8 +333,12 @@ fn sample_next(
     model: &Model,
     at: usize,
 ) -> (Token, Option<TokenLogprob>) {
-    let token = seq.sampler.sample(ctx, batch, at);
-    let logprob = seq.job.gen.top_logprobs.map(|top_n| {
+    let token = seq
+        .sampler
+        .as_mut()
+        .expect("a generating sequence has a sampler")
+        .sample(ctx, batch, at);
+    let logprob = seq.job.top_logprobs().map(|top_n| {
         let logits = ctx.logits(batch, at);
         let summary = logprobs::summarize(logits, top_n);
         TokenLogprob {

@@ -8,7 +8,7 @@ use super::error::ApiError;
 use super::intake::{json_body, Intake};
 use super::validation::Input;
 use super::{respond_json, AppState, Outcome};
-use crate::admission::{GenParams, Job};
+use crate::admission::{Job, Task};
 use crate::embed::EmbedSpec;
 use crate::ffi::Token;
 use crate::stream::{Event, Usage};
@@ -224,13 +224,12 @@ pub(super) fn embed(state: &AppState, req: Request) {
         request_id: super::request_id(&req).into(),
         class: ask.class,
         prompt,
-        gen: GenParams::embedding(),
         enqueued_at: intake.t0,
         deadline: intake.deadline(&ask),
         events: tx,
         cancel: cancel.clone(),
         cached_estimate: 0,
-        embed: Some(EmbedSpec { ends, pooling }),
+        task: Task::Embed(EmbedSpec { ends, pooling }),
         prompt_of: None,
     };
     // Refused for overload: the charge goes back (when `bucket` drops).

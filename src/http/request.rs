@@ -8,7 +8,7 @@ use super::error::ApiError;
 use super::intake::{json_body, Ask, Intake};
 use super::validation::{self, Api, Format, Input, ValidRequest};
 use super::{openai, reply, AppState};
-use crate::admission::{GenParams, Job};
+use crate::admission::{GenParams, Job, Task};
 use crate::ffi::{SamplingParams, Token};
 use crate::grammar::Constraint;
 use crate::priority::Class;
@@ -126,7 +126,7 @@ fn choices(
             request_id: Arc::clone(&request_id),
             class: ask.class,
             prompt: prompt.clone(),
-            gen,
+            task: Task::Generate(Box::new(gen)),
             enqueued_at: intake.t0,
             deadline: intake.deadline(ask),
             events: tx,
@@ -138,7 +138,6 @@ fn choices(
                 _ if echo_logprobs => cached_estimate,
                 _ => cached_estimate.max(prompt_tokens - 1),
             },
-            embed: None,
             // The prompt's log-probabilities need a prefill of each.
             prompt_of: (i > 0 && !echo_logprobs).then_some(id),
         };

@@ -83,6 +83,80 @@ fn live_metrics_pass_promtool_and_latencies_are_histograms() {
     }
 }
 
+/// Each series of an exposition text as `family type labels` (the lines
+/// of `tests/it/metrics.txt`): a histogram's buckets and a summary's
+/// quantiles fold into their family; `le` and `quantile` are not listed.
+fn series_of(text: &str) -> BTreeSet<String> {
+    let mut types: Vec<(String, String)> = Vec::new();
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = t.split_once(' ').expect("# TYPE name type");
+            types.push((name.to_string(), kind.to_string()));
+            continue;
+        }
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        let name_end = line.find(['{', ' ']).expect("a sample line");
+        let name = &line[..name_end];
+        let labels = match line[name_end..].strip_prefix('{') {
+            Some(rest) => &rest[..rest.find('}').expect("closed labels")],
+            None => "",
+        };
+        let (family, kind) = types
+            .iter()
+            .rev()
+            .find(|(f, _)| {
+                name == f
+                    || ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .any(|s| name.strip_suffix(s) == Some(f.as_str()))
+            })
+            .unwrap_or_else(|| panic!("{name} has no # TYPE before it"));
+        let kept: Vec<&str> = labels
+            .split(',')
+            .filter(|l| !l.is_empty() && !l.starts_with("le=") && !l.starts_with("quantile="))
+            .collect();
+        let entry = match kept.is_empty() {
+            true => format!("{family} {kind}"),
+            false => format!("{family} {kind} {}", kept.join(",")),
+        };
+        out.insert(entry);
+    }
+    out
+}
+
+#[test]
+fn metrics_keep_every_listed_name_type_and_label() {
+    let listed: BTreeSet<String> = include_str!("metrics.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    let srv = Server::start(&[]);
+    assert_eq!(srv.post("/v1/chat/completions", &chat_body(2)).status, 200);
+    let live = series_of(&srv.metrics());
+    let missing: Vec<&String> = listed.difference(&live).collect();
+    assert!(
+        missing.is_empty(),
+        "listed in metrics.txt, not exposed: {missing:#?}"
+    );
+    let unlisted: Vec<&String> = live.difference(&listed).collect();
+    assert!(
+        unlisted.is_empty(),
+        "exposed, not in metrics.txt: {unlisted:#?}"
+    );
+    // The reader itself: a histogram folds into one line per label set.
+    let folded = series_of(
+        "# TYPE h histogram\nh_bucket{class=\"a\",le=\"1\"} 1\nh_sum{class=\"a\"} 1\nh_count{class=\"a\"} 1\n",
+    );
+    assert_eq!(
+        folded.into_iter().collect::<Vec<_>>(),
+        ["h histogram class=\"a\""]
+    );
+}
+
 /// Alert names in the rules file, and for each the `exp_alerts` of its unit
 /// tests: true for a case that expects it to fire, false for `[]`.
 fn alert_cases(rules: &str, tests: &str) -> Vec<(String, Vec<bool>)> {
