@@ -11,22 +11,15 @@
 //! delay; its own prompt is its service, and a long prompt behind a short
 //! queue is served, not refused).
 //!
-//! One thread owns the gate (`gate::Gate`: what is queued and running, the
-//! rates, the bounds, the promises made to refused clients); everyone else
-//! talks to it in messages on one bounded channel, applied in the order they
-//! arrive (`Msg`). Handlers ask it to judge a request (`Admission`): it
-//! refuses with 429 + `Retry-After` when either bound would break, or puts
-//! the request's jobs on their class's queue to the engine (`try_send`,
-//! never blocking). Neither rule needs the request's own prompt, so the door
-//! applies them before the body is read (`Admission::precheck`); the choices
-//! of one request are judged together (`Admission::submit_all`). The engine
-//! reports when a job gets a slot, leaves it (its `Slot` dropped) or leaves
-//! its queue unrun (`QueueGauge`). A report sent before the engine answers a
-//! client is applied before anything that client sends next, as it was when
-//! the gate was a shared lock.
+//! Handlers only ever `try_send`. A gate in front of the channel counts what is
+//! queued (requests and prompt tokens, until the engine gives the request a
+//! slot) and refuses with 429 + `Retry-After` when either bound would break.
+//! Neither rule needs the request's own prompt, so the door applies them
+//! before the body is read (`Admission::precheck`); the choices of one
+//! request are judged together (`Admission::submit_all`).
 //!
 //! The bounds are live: the engine refines the rates online from the steps it
-//! runs (`engine::cost`) and sends them here, and the gate re-derives L_max
+//! runs (`engine::cost`) and publishes them here, and the gate re-derives L_max
 //! and the token budget from them. A channel's capacity is fixed at creation,
 //! so it is sized for the highest L_max the gate may ever allow (9, or the
 //! operator's `--queue-depth`); the gate enforces the live one below it.
@@ -38,12 +31,8 @@
 //! admitted. Which queue the engine serves first is `priority::Picker`'s rule.
 
 mod bounds;
-mod gate;
-pub mod prefixes;
 
 pub use bounds::*;
-use gate::{Gate, Refusal};
-use prefixes::PrefixIndex;
 
 use crate::embed::EmbedSpec;
 use crate::ffi::{SamplingParams, Token};
@@ -51,8 +40,8 @@ use crate::metrics::Metrics;
 use crate::priority::Class;
 use crate::stream::{CancelFlag, CancelReason, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// How a request's sampled tokens shift the next token's logits, as OpenAI
@@ -91,6 +80,10 @@ impl Penalties {
             && self.logit_bias.is_empty()
     }
 }
+
+/// How far ahead refused requests are given return times, at most (the
+/// OpenAI SDKs honour a `retry-after-ms` up to 60 s).
+const PROMISE_HORIZON_S: f64 = 60.0;
 
 /// What a request asks the engine to generate.
 #[derive(Debug, Clone)]
@@ -135,7 +128,7 @@ pub struct Job {
     /// Set by the handler when it stops waiting for this job.
     pub cancel: CancelFlag,
     /// Prompt tokens the handler found in the prefix cache when it admitted
-    /// the job (`Admission::reusable`): admission counted only the rest.
+    /// the job (`PrefixIndex::reusable`): admission counted only the rest.
     pub cached_estimate: usize,
     /// A choice after the first of a request with `n` > 1: the id of the
     /// first choice's job, whose prompt cells it takes instead of
@@ -215,7 +208,7 @@ pub struct QueueFull {
     pub queue_depth_max: usize,
     pub queued_tokens: usize,
     pub queued_tokens_max: usize,
-    /// When to come back (`gate::Gate::promise_at`), and that in whole seconds
+    /// When to come back (`QueueGauge::promise`), and that in whole seconds
     /// (at least 1), rounded up.
     pub retry_after_ms: u64,
     pub retry_after_s: u64,
@@ -230,176 +223,291 @@ pub enum Refused {
     EngineStopped,
 }
 
-/// Each class's queue, for the engine: receivers indexed by `Class::index`.
-pub type Queues = [Receiver<Job>; Class::COUNT];
-
-/// Messages the admission thread may hold before a sender waits: every
-/// handler's one request, every running and queued job's report.
-const MESSAGES_MAX: usize = 1024;
-
-/// What the admission thread hears, in the order it arrives: from handlers a
-/// check at the door or a request's jobs; from the engine when a job gets a
-/// slot, leaves it or leaves its queue unrun, and what it measured; from the
-/// status page a question. A report the engine sends before it answers a
-/// client is applied before anything that client sends next.
-enum Msg {
-    Check {
-        class: Class,
-        reply: Sender<Result<(), Refused>>,
-    },
-    Submit {
-        jobs: Vec<Job>,
-        reply: Sender<Result<(), Refused>>,
-    },
-    Started {
-        class: Class,
-        prompt_tokens: usize,
-    },
-    Finished {
-        class: Class,
-    },
-    Dropped {
-        class: Class,
-        prompt_tokens: usize,
-    },
-    Rates(Rates),
-    Completed {
-        prompt_tokens: usize,
-        generated_tokens: usize,
-    },
-    RetryAfter {
-        class: Class,
-        reply: Sender<u64>,
-    },
-    Snapshot {
-        reply: Sender<GateView>,
-    },
-    /// The prefix cache's entries changed (engine).
-    PrefixCached(Vec<Arc<[Token]>>),
-    /// A running sequence's prompt is whole in its cells, or it ended (engine).
-    PrefixRunning {
-        slot: usize,
-        prompt: Arc<[Token]>,
-    },
-    PrefixEnded {
-        slot: usize,
-    },
-    /// How much of a prompt would be reused if it started now (handler).
-    Reusable {
-        prompt: Arc<[Token]>,
-        reply: Sender<usize>,
-    },
+/// What is in the system now, per class (`Class::index`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Load {
+    /// In a slot.
+    running: [usize; Class::COUNT],
+    /// Admitted and waiting for a slot.
+    waiting: [usize; Class::COUNT],
+    /// Prompt tokens of the ones waiting.
+    waiting_tokens: [usize; Class::COUNT],
 }
 
-/// What the gate shows the status page and the engine.
-#[derive(Debug, Clone, Copy)]
-struct GateView {
-    rates: Rates,
-    bounds: [Bounds; Class::COUNT],
-    typical: Typical,
+impl Load {
+    fn running_total(&self) -> usize {
+        self.running.iter().sum()
+    }
+
+    /// Requests and prompt tokens that wait ahead of a new request of `class`:
+    /// those of its own class and of every class above it.
+    fn ahead_of(&self, class: Class) -> (usize, usize) {
+        let n = class.index() + 1;
+        (
+            self.waiting[..n].iter().sum(),
+            self.waiting_tokens[..n].iter().sum(),
+        )
+    }
 }
 
-/// Sends `make(reply)` to the admission thread and waits for its answer;
-/// `None` if the thread is gone.
-fn ask<T>(tx: &Sender<Msg>, make: impl FnOnce(Sender<T>) -> Msg) -> Option<T> {
-    let (reply, answer) = bounded(1);
-    tx.send(make(reply)).ok()?;
-    answer.recv().ok()
-}
-
-/// The engine's and the status page's side of admission: reports sent to
-/// the admission thread, and questions it answers. The queue's depth is read
-/// from the metrics, where the admission thread publishes it.
+/// The gate's view of the queues, shared with the engine, which reports when a
+/// request gets its slot and when it leaves it, and publishes the rates it
+/// measures. A request of a class is refused when its class's waiting requests
+/// would exceed the slots it could take now plus its L_max, or when it must
+/// wait and its class's waiting prompt tokens already exceed their budget.
+///
+/// The slots a class could take now: for `interactive`, the free ones; for
+/// `batch`, the free ones that interactive requests waiting do not take, and no
+/// more than batch may hold (`--parallel` minus `--interactive-slots`).
 pub struct QueueGauge {
-    tx: Sender<Msg>,
-    metrics: Arc<Metrics>,
-    /// Answers while the admission thread is gone (it ends only with the
-    /// process): the rates and bounds it started with.
-    fallback: GateView,
+    state: Mutex<State>,
+    slots: usize,
+    batch_slots: usize,
+    policies: [Policy; Class::COUNT],
+    /// Readable without the lock (for `/metrics`).
+    waiting: [AtomicUsize; Class::COUNT],
+    waiting_tokens: [AtomicUsize; Class::COUNT],
+}
+
+struct State {
+    load: Load,
+    rates: Rates,
+    mix: Mix,
+    bounds: [Bounds; Class::COUNT],
+    /// The return time last handed to a refused request of each class.
+    promised: [Option<Instant>; Class::COUNT],
+}
+
+impl State {
+    /// The bounds of each class from the rates and the mix in force.
+    fn derive(&mut self, policies: &[Policy; Class::COUNT]) {
+        let typical = self.mix.typical();
+        self.bounds = policies.map(|p| derive_bounds(self.rates, &Policy { typical, ..p }));
+    }
 }
 
 impl QueueGauge {
+    fn new(
+        slots: usize,
+        batch_slots: usize,
+        rates: Rates,
+        policies: [Policy; Class::COUNT],
+    ) -> QueueGauge {
+        assert!(batch_slots >= 1 && batch_slots <= slots);
+        QueueGauge {
+            state: Mutex::new(State {
+                load: Load::default(),
+                rates,
+                mix: Mix::new(policies[Class::Interactive.index()].typical),
+                bounds: policies.map(|p| derive_bounds(rates, &p)),
+                promised: [None; Class::COUNT],
+            }),
+            slots,
+            batch_slots,
+            policies,
+            waiting: Default::default(),
+            waiting_tokens: Default::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("queue gauge lock")
+    }
+
+    /// When a refused request should come back, as a wait from now.
+    ///
+    /// Refused requests are given places in a virtual queue served at the
+    /// rate capacity frees: each one reserves its own service time
+    /// (`own_s`: its prompt at the prefill rate, its `max_tokens` at the
+    /// decode rate of the full batch) after the one refused before it, and
+    /// the first after a quiet spell comes back when, on average, the
+    /// running requests are half done (`slots × own_s / 2`). So a burst's
+    /// refused clients return one by one as room opens, not all together
+    /// (capacity idle in between) nor all at once (refused again). The
+    /// reservations end `PROMISE_HORIZON_S` ahead: clients that never come
+    /// back cannot push the others' waits out for good.
+    pub fn promise(&self, class: Class, own_s: f64) -> Duration {
+        self.promise_at(class, own_s, Instant::now())
+    }
+
+    fn promise_at(&self, class: Class, own_s: f64, now: Instant) -> Duration {
+        let slots = match class {
+            Class::Interactive => self.slots,
+            Class::Batch => self.batch_slots,
+        } as f64;
+        let own = Duration::from_secs_f64(own_s.clamp(0.001, PROMISE_HORIZON_S));
+        let first = now + own.mul_f64(slots / 2.0);
+        let mut st = self.lock();
+        let slot = &mut st.promised[class.index()];
+        let t = match *slot {
+            Some(p) if p + own > first => p + own,
+            _ => first,
+        }
+        .min(now + Duration::from_secs_f64(PROMISE_HORIZON_S));
+        *slot = Some(t);
+        t - now
+    }
+
+    /// Slots a new request of `class` could take at once.
+    fn free_for(&self, l: &Load, class: Class) -> usize {
+        let free = self.slots.saturating_sub(l.running_total());
+        match class {
+            Class::Interactive => free,
+            Class::Batch => free
+                .saturating_sub(l.waiting[Class::Interactive.index()])
+                .min(
+                    self.batch_slots
+                        .saturating_sub(l.running[Class::Batch.index()]),
+                ),
+        }
+    }
+
+    /// Reserves places for `n` requests of `class` (the choices of one
+    /// request: all of them or none) holding `prompt_tokens` together, or says
+    /// which bound they break (with what is waiting ahead of them, and the
+    /// bounds and rates they were judged by).
+    fn reserve(&self, class: Class, n: usize, prompt_tokens: usize) -> Result<(), Refusal> {
+        let mut s = self.lock();
+        Self::judge(&s, self.free_for(&s.load, class), class, n)?;
+        let c = class.index();
+        s.load.waiting[c] += n;
+        s.load.waiting_tokens[c] += prompt_tokens;
+        self.publish(&s.load);
+        Ok(())
+    }
+
+    /// Whether a request of `class` would be admitted now, without reserving
+    /// its place. Its prompt does not matter (`judge`): the door's answer,
+    /// before the body is read, is the gate's.
+    fn check(&self, class: Class) -> Result<(), Refusal> {
+        let s = self.lock();
+        Self::judge(&s, self.free_for(&s.load, class), class, 1)
+    }
+
+    /// The gate's rule (`reserve`) for `n` requests, given the slots the class
+    /// could take now.
+    ///
+    /// The token budget bounds the prompt tokens *ahead* of a request that
+    /// must wait: their prefill is its queueing delay, W_max of it at most.
+    /// Its own prompt is its service, not its wait, so a long prompt behind a
+    /// short queue is admitted (below capacity it is served, and refusing it
+    /// only sends it back later), while one behind more than W_max of prompts
+    /// is refused, whatever its own size. So the rule needs no prompt: the
+    /// door applies it exactly, before the body is read.
+    fn judge(s: &State, free: usize, class: Class, n: usize) -> Result<(), Refusal> {
+        let l = s.load;
+        let c = class.index();
+        let bounds = s.bounds[c];
+        let (ahead, ahead_tokens) = l.ahead_of(class);
+        let refuse = |bound| Refusal {
+            bound,
+            waiting: ahead,
+            waiting_tokens: ahead_tokens,
+            rates: s.rates,
+            bounds,
+        };
+        if l.waiting[c] + n > free + bounds.queue_depth_max {
+            return Err(refuse(QueueBound::Requests));
+        }
+        // Free slots take requests at once: only one that must wait is judged
+        // by what waits ahead of it.
+        let would_wait = l.waiting[c] + n > free;
+        if would_wait && l.waiting_tokens[c] > bounds.queued_tokens_max {
+            return Err(refuse(QueueBound::Tokens));
+        }
+        Ok(())
+    }
+
     /// A request left its queue for a slot: it holds the slot as long as it
     /// holds the guard.
-    pub fn started(&self, class: Class, prompt_tokens: usize) -> Slot {
-        let _ = self.tx.send(Msg::Started {
-            class,
-            prompt_tokens,
-        });
+    pub fn started(self: &Arc<Self>, class: Class, prompt_tokens: usize) -> Slot {
+        let mut s = self.lock();
+        let c = class.index();
+        let l = &mut s.load;
+        assert!(
+            l.waiting[c] > 0 && l.waiting_tokens[c] >= prompt_tokens,
+            "start without reserve"
+        );
+        l.running[c] += 1;
+        l.waiting[c] -= 1;
+        l.waiting_tokens[c] -= prompt_tokens;
+        self.publish(&s.load);
         Slot {
-            tx: self.tx.clone(),
+            gauge: Arc::clone(self),
             class,
         }
     }
 
-    /// A reserved request left without a slot: the engine refused it at
-    /// dequeue (shed, deadline passed) or its client left while it waited.
+    /// A running request ended (completed, failed or cancelled) and freed its
+    /// slot: its `Slot` was dropped.
+    fn finished(&self, class: Class) {
+        let mut s = self.lock();
+        let l = &mut s.load;
+        assert!(l.running[class.index()] > 0, "finish without start");
+        l.running[class.index()] -= 1;
+        self.publish(&s.load);
+    }
+
+    /// A reserved request left without a slot: it never reached the engine, or
+    /// the engine refused it at dequeue (shed, deadline passed).
     pub fn dropped(&self, class: Class, prompt_tokens: usize) {
-        let _ = self.tx.send(Msg::Dropped {
-            class,
-            prompt_tokens,
-        });
+        let mut s = self.lock();
+        let c = class.index();
+        let l = &mut s.load;
+        assert!(l.waiting[c] > 0, "drop without reserve");
+        l.waiting[c] -= 1;
+        l.waiting_tokens[c] -= prompt_tokens;
+        self.publish(&s.load);
     }
 
     /// The engine measured new rates: the bounds follow them.
     pub fn set_rates(&self, rates: Rates) {
-        let _ = self.tx.send(Msg::Rates(rates));
+        let mut s = self.lock();
+        s.rates = rates;
+        s.derive(&self.policies);
     }
 
     /// A request completed, having prefilled `prompt_tokens` and generated
     /// `generated_tokens`: μ_req, and so L_max, follow the work that arrives.
     pub fn observe_request(&self, prompt_tokens: usize, generated_tokens: usize) {
-        let _ = self.tx.send(Msg::Completed {
-            prompt_tokens,
-            generated_tokens,
-        });
-    }
-
-    /// The prefix cache's entries are now these.
-    pub fn prefix_cached(&self, tokens: Vec<Arc<[Token]>>) {
-        let _ = self.tx.send(Msg::PrefixCached(tokens));
-    }
-
-    /// The sequence in `slot` has its whole `prompt` in its cells (others may
-    /// share them in place).
-    pub fn prefix_running(&self, slot: usize, prompt: Arc<[Token]>) {
-        let _ = self.tx.send(Msg::PrefixRunning { slot, prompt });
-    }
-
-    /// The sequence in `slot` no longer holds its prompt's cells.
-    pub fn prefix_ended(&self, slot: usize) {
-        let _ = self.tx.send(Msg::PrefixEnded { slot });
-    }
-
-    fn view(&self) -> GateView {
-        ask(&self.tx, |reply| Msg::Snapshot { reply }).unwrap_or(self.fallback)
+        let mut s = self.lock();
+        s.mix.observe(prompt_tokens, generated_tokens);
+        s.derive(&self.policies);
     }
 
     /// The typical request the bounds are derived from now.
     pub fn typical(&self) -> Typical {
-        self.view().typical
+        self.lock().mix.typical()
     }
 
     /// The rates and each class's bounds in force now.
     pub fn snapshot(&self) -> (Rates, [Bounds; Class::COUNT]) {
-        let v = self.view();
-        (v.rates, v.bounds)
+        let s = self.lock();
+        (s.rates, s.bounds)
     }
 
     /// Seconds a client of `class` refused now should wait (for 503s sent by
     /// the engine).
     pub fn retry_after_s(&self, class: Class) -> u64 {
-        ask(&self.tx, |reply| Msg::RetryAfter { class, reply }).unwrap_or(RETRY_AFTER_S_MIN)
+        let s = self.lock();
+        let (ahead, tokens) = s.load.ahead_of(class);
+        retry_after_s(ahead, tokens, s.rates, s.bounds[class.index()])
+    }
+
+    fn publish(&self, l: &Load) {
+        for c in 0..Class::COUNT {
+            self.waiting[c].store(l.waiting[c], Ordering::Relaxed);
+            self.waiting_tokens[c].store(l.waiting_tokens[c], Ordering::Relaxed);
+        }
     }
 
     /// Requests of `class` waiting for a slot.
     pub fn queued_requests(&self, class: Class) -> usize {
-        self.metrics.queued_requests[class.index()].load(Ordering::Relaxed)
+        self.waiting[class.index()].load(Ordering::Relaxed)
     }
 
-    /// Prompt tokens of `class` waiting for a slot.
     pub fn queued_tokens(&self, class: Class) -> usize {
-        self.metrics.queued_tokens[class.index()].load(Ordering::Relaxed)
+        self.waiting_tokens[class.index()].load(Ordering::Relaxed)
     }
 }
 
@@ -407,27 +515,39 @@ impl QueueGauge {
 /// (the sequence completed, failed or was cancelled) frees the slot in the
 /// gate's count, so the count cannot miss an end.
 pub struct Slot {
-    tx: Sender<Msg>,
+    gauge: Arc<QueueGauge>,
     class: Class,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let _ = self.tx.send(Msg::Finished { class: self.class });
+        self.gauge.finished(self.class);
     }
 }
 
-/// The handlers' side of admission.
+/// Why the gate said no, and what it saw.
+#[derive(Debug, Clone, Copy)]
+struct Refusal {
+    bound: QueueBound,
+    waiting: usize,
+    waiting_tokens: usize,
+    rates: Rates,
+    bounds: Bounds,
+}
+
+/// Each class's queue, for the engine: receivers indexed by `Class::index`.
+pub type Queues = [Receiver<Job>; Class::COUNT];
+
 pub struct Admission {
-    tx: Sender<Msg>,
-    thread: std::thread::JoinHandle<()>,
+    tx: [Sender<Job>; Class::COUNT],
+    gauge: Arc<QueueGauge>,
+    metrics: Arc<Metrics>,
 }
 
 impl Admission {
-    /// Starts the admission thread, which owns the gate, and creates one
-    /// queue per class; the receivers and the `QueueGauge` go to the engine.
-    /// The gate never lets more of a class wait than the slots plus its live
-    /// L_max, and L_max never exceeds its ceiling, so each channel, sized
+    /// Creates one queue per class; the receivers and the gauge go to the
+    /// engine. The gate never lets more of a class wait than the slots plus its
+    /// live L_max, and L_max never exceeds its ceiling, so each channel, sized
     /// for the ceiling, never refuses a request the gate admitted.
     pub fn new(
         slots: usize,
@@ -435,7 +555,7 @@ impl Admission {
         rates: Rates,
         policies: [Policy; Class::COUNT],
         metrics: Arc<Metrics>,
-    ) -> Result<(Admission, Queues, Arc<QueueGauge>), String> {
+    ) -> (Admission, Queues, Arc<QueueGauge>) {
         assert!(slots >= 1);
         let channels = policies.map(|p| {
             let ceiling = p.queue_depth_ceiling();
@@ -443,30 +563,13 @@ impl Admission {
             bounded(slots + ceiling)
         });
         let [(tx_i, rx_i), (tx_b, rx_b)] = channels;
-        let gate = Gate::new(slots, batch_slots, rates, policies);
-        let (rates, bounds) = gate.snapshot();
-        let fallback = GateView {
-            rates,
-            bounds,
-            typical: gate.typical(),
-        };
-        let (tx, rx) = bounded(MESSAGES_MAX);
-        let owner = Owner {
-            gate,
-            prefixes: PrefixIndex::default(),
-            jobs: [tx_i, tx_b],
-            metrics: Arc::clone(&metrics),
-        };
-        let thread = std::thread::Builder::new()
-            .name("sluice-admit".into())
-            .spawn(move || owner.run(rx))
-            .map_err(|e| format!("cannot start the admission thread: {e}"))?;
-        let gauge = QueueGauge {
-            tx: tx.clone(),
+        let gauge = Arc::new(QueueGauge::new(slots, batch_slots, rates, policies));
+        let admission = Admission {
+            tx: [tx_i, tx_b],
+            gauge: Arc::clone(&gauge),
             metrics,
-            fallback,
         };
-        Ok((Admission { tx, thread }, [rx_i, rx_b], Arc::new(gauge)))
+        (admission, [rx_i, rx_b], gauge)
     }
 
     /// The door's check, before a request's body is read: refuses it when
@@ -478,133 +581,21 @@ impl Admission {
     /// places). The refused client is promised a return time for the
     /// typical request.
     pub fn precheck(&self, class: Class) -> Result<(), Refused> {
-        ask(&self.tx, |reply| Msg::Check { class, reply }).unwrap_or(Err(Refused::EngineStopped))
-    }
-
-    pub fn submit(&self, job: Job) -> Result<(), Refused> {
-        self.submit_all(vec![job])
-    }
-
-    /// Whether the admission thread still runs (it ends only with the
-    /// process, or if it panicked: then every request would be refused).
-    pub fn is_running(&self) -> bool {
-        !self.thread.is_finished()
-    }
-
-    /// Prompt tokens of `prompt` the prefix cache (or a running sequence)
-    /// would give it if it started now: an estimate (the engine decides at
-    /// start), for the charge and the queued-token budget.
-    pub fn reusable(&self, prompt: &[Token]) -> usize {
-        let prompt: Arc<[Token]> = prompt.into();
-        ask(&self.tx, |reply| Msg::Reusable { prompt, reply }).unwrap_or(0)
-    }
-
-    /// Submits the jobs of one request (its choices, all of one class): all
-    /// of them are admitted or none is, judged together, so a refused
-    /// request leaves nothing behind in the queue.
-    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), Refused> {
-        if jobs.is_empty() {
-            return Ok(());
-        }
-        ask(&self.tx, |reply| Msg::Submit { jobs, reply }).unwrap_or(Err(Refused::EngineStopped))
-    }
-}
-
-/// The admission thread: the one owner of the gate.
-struct Owner {
-    gate: Gate,
-    prefixes: PrefixIndex,
-    jobs: [Sender<Job>; Class::COUNT],
-    metrics: Arc<Metrics>,
-}
-
-impl Owner {
-    fn run(mut self, rx: Receiver<Msg>) {
-        for msg in rx {
-            self.handle(msg);
-        }
-    }
-
-    /// The queue's depth, for `/metrics` and the status page (before a
-    /// reply, so that whoever was answered reads what it caused).
-    fn publish(&self) {
-        for c in Class::ALL {
-            let i = c.index();
-            let m = &self.metrics;
-            m.queued_requests[i].store(self.gate.queued_requests(c), Ordering::Relaxed);
-            m.queued_tokens[i].store(self.gate.queued_tokens(c), Ordering::Relaxed);
-        }
-    }
-
-    fn handle(&mut self, msg: Msg) {
-        // A reply's receiver may be gone (its handler panicked): no matter.
-        match msg {
-            Msg::Check { class, reply } => {
-                let _ = reply.send(self.precheck(class));
-            }
-            Msg::Submit { jobs, reply } => {
-                let r = self.submit_all(jobs);
-                self.publish();
-                let _ = reply.send(r);
-            }
-            Msg::Started {
-                class,
-                prompt_tokens,
-            } => {
-                self.gate.started(class, prompt_tokens);
-                self.publish();
-            }
-            Msg::Finished { class } => self.gate.finished(class),
-            Msg::Dropped {
-                class,
-                prompt_tokens,
-            } => {
-                self.gate.dropped(class, prompt_tokens);
-                self.publish();
-            }
-            Msg::Rates(rates) => self.gate.set_rates(rates),
-            Msg::Completed {
-                prompt_tokens,
-                generated_tokens,
-            } => self.gate.observe_request(prompt_tokens, generated_tokens),
-            Msg::RetryAfter { class, reply } => {
-                let _ = reply.send(self.gate.retry_after_s(class));
-            }
-            Msg::PrefixCached(tokens) => self.prefixes.set_cached(tokens),
-            Msg::PrefixRunning { slot, prompt } => self.prefixes.set_running(slot, prompt),
-            Msg::PrefixEnded { slot } => self.prefixes.clear_running(slot),
-            Msg::Reusable { prompt, reply } => {
-                let _ = reply.send(self.prefixes.reusable(&prompt));
-            }
-            Msg::Snapshot { reply } => {
-                let (rates, bounds) = self.gate.snapshot();
-                let typical = self.gate.typical();
-                let _ = reply.send(GateView {
-                    rates,
-                    bounds,
-                    typical,
-                });
-            }
-        }
-    }
-
-    /// `Admission::precheck`, judged.
-    fn precheck(&mut self, class: Class) -> Result<(), Refused> {
-        let r = match self.gate.check(class) {
+        let r = match self.gauge.check(class) {
             Ok(()) => return Ok(()),
             Err(r) => r,
         };
         self.metrics
             .rejected_before_parsing
             .fetch_add(1, Ordering::Relaxed);
-        let typical = self.gate.typical();
+        let typical = self.gauge.typical();
         // Its own prompt is not known (it was not read): its return time is
         // a typical request's.
         Err(self.refused(class, r, typical.prompt_tokens, typical.max_tokens))
     }
 
     /// Counts a refusal of the gate and promises the client a return time.
-    fn refused(&mut self, class: Class, r: Refusal, tokens: usize, max_tokens: usize) -> Refused {
+    fn refused(&self, class: Class, r: Refusal, tokens: usize, max_tokens: usize) -> Refused {
         let counters = self.metrics.class(class);
         let (counter, by_class) = match r.bound {
             QueueBound::Requests => (
@@ -620,7 +611,7 @@ impl Owner {
         by_class.fetch_add(1, Ordering::Relaxed);
         let own_s =
             tokens as f64 / r.rates.prefill_tok_s + max_tokens as f64 / r.rates.decode_tok_s;
-        let wait = self.gate.promise_at(class, own_s, Instant::now());
+        let wait = self.gauge.promise(class, own_s);
         let retry_after_ms = wait.as_millis() as u64;
         Refused::QueueFull(QueueFull {
             bound: r.bound,
@@ -634,25 +625,33 @@ impl Owner {
         })
     }
 
-    /// `Admission::submit_all`, judged; the admitted jobs go to their
-    /// class's queue (`try_send`: the gate keeps it below its capacity).
-    fn submit_all(&mut self, jobs: Vec<Job>) -> Result<(), Refused> {
-        let class = jobs[0].class;
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        self.submit_all(vec![job])
+    }
+
+    /// Submits the jobs of one request (its choices, all of one class): all
+    /// of them are admitted or none is, judged together, so a refused
+    /// request leaves nothing behind in the queue.
+    pub fn submit_all(&self, jobs: Vec<Job>) -> Result<(), Refused> {
+        let Some(first) = jobs.first() else {
+            return Ok(());
+        };
+        let class = first.class;
         debug_assert!(jobs.iter().all(|j| j.class == class));
         // Prompt tokens found in the prefix cache are not prefilled: they do
         // not count against the queued-token budget.
         let tokens: usize = jobs.iter().map(Job::queued_tokens).sum();
         let max_tokens: usize = jobs.iter().map(Job::max_tokens).sum();
-        if let Err(r) = self.gate.reserve(class, jobs.len(), tokens) {
+        let counters = self.metrics.class(class);
+        if let Err(r) = self.gauge.reserve(class, jobs.len(), tokens) {
             return Err(self.refused(class, r, tokens, max_tokens));
         }
-        let counters = self.metrics.class(class);
         let mut sent: Vec<CancelFlag> = Vec::with_capacity(jobs.len());
         let mut jobs = jobs.into_iter();
         for job in jobs.by_ref() {
             let tokens = job.queued_tokens();
             let cancel = job.cancel.clone();
-            match self.jobs[class.index()].try_send(job) {
+            match self.tx[class.index()].try_send(job) {
                 Ok(()) => {
                     self.metrics.accepted.fetch_add(1, Ordering::Relaxed);
                     counters.admitted.fetch_add(1, Ordering::Relaxed);
@@ -662,9 +661,9 @@ impl Owner {
                 // stopped engine gets here: the places not taken go back,
                 // and the choices already sent never run.
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                    self.gate.dropped(class, tokens);
+                    self.gauge.dropped(class, tokens);
                     for rest in jobs {
-                        self.gate.dropped(class, rest.queued_tokens());
+                        self.gauge.dropped(class, rest.queued_tokens());
                     }
                     for c in &sent {
                         c.cancel(CancelReason::Disconnect, 0);

@@ -1,12 +1,11 @@
-//! The gate's bounds, refusals and promises, on gates built by hand; and
-//! the admission thread that owns one, through its handles.
+//! The queue's bounds, refusals and promises, on gauges built by hand.
 
 use super::bounds::tests::{policy, RATES};
 use super::*;
 
 #[test]
 fn refused_requests_are_promised_return_times_one_service_time_apart() {
-    let mut g = gauge(4, 3, 1000);
+    let g = gauge(4, 3, 1000);
     let t0 = Instant::now();
     let ms = |d: Duration| d.as_millis() as u64;
     // A request of 0.5 s of service: the first comes back when the four
@@ -30,12 +29,12 @@ fn refused_requests_are_promised_return_times_one_service_time_apart() {
     assert_eq!(ms(g.promise_at(I, 1.0, later)), 60_000);
 }
 
-fn gauge(slots: usize, depth: usize, tokens: usize) -> Gate {
+fn gauge(slots: usize, depth: usize, tokens: usize) -> Arc<QueueGauge> {
     let p = Policy {
         queued_tokens_max: Some(tokens),
         ..policy(5000, Some(depth))
     };
-    Gate::new(slots, slots, RATES, [p, p])
+    Arc::new(QueueGauge::new(slots, slots, RATES, [p, p]))
 }
 
 const I: Class = Class::Interactive;
@@ -43,7 +42,7 @@ const B: Class = Class::Batch;
 
 #[test]
 fn free_slots_and_the_queue_are_both_capacity() {
-    let mut g = gauge(2, 3, 1000);
+    let g = gauge(2, 3, 1000);
     for _ in 0..5 {
         assert!(g.reserve(I, 1, 10).is_ok());
     }
@@ -52,10 +51,10 @@ fn free_slots_and_the_queue_are_both_capacity() {
         QueueBound::Requests,
         "2 slots + 3 queued"
     );
-    g.started(I, 10);
-    g.started(I, 10);
+    let first = g.started(I, 10);
+    let _second = g.started(I, 10);
     assert_eq!(g.queued_requests(I), 3);
-    g.finished(I);
+    drop(first);
     assert!(
         g.reserve(I, 1, 10).is_ok(),
         "a finished request frees its place"
@@ -64,12 +63,12 @@ fn free_slots_and_the_queue_are_both_capacity() {
 
 #[test]
 fn the_token_budget_bounds_the_prompts_ahead_of_one_that_must_wait() {
-    let mut g = gauge(1, 3, 1000);
+    let g = gauge(1, 3, 1000);
     assert!(
         g.reserve(I, 1, 5000).is_ok(),
         "a free slot takes any prompt that fits the context"
     );
-    g.started(I, 5000);
+    let _running = g.started(I, 5000);
     assert!(g.reserve(I, 1, 600).is_ok());
     assert!(
         g.reserve(I, 1, 900).is_ok(),
@@ -85,8 +84,8 @@ fn the_token_budget_bounds_the_prompts_ahead_of_one_that_must_wait() {
         "the door's check, without a prompt, says the same"
     );
     // The 600 get the slot: 900 ahead, within the budget again.
-    g.finished(I);
-    g.started(I, 600);
+    drop(_running);
+    let _next = g.started(I, 600);
     assert!(g.check(I).is_ok());
     assert!(g.reserve(I, 1, 0).is_ok());
     assert!(g.reserve(I, 1, 0).is_ok(), "a third may wait");
@@ -99,17 +98,17 @@ fn the_token_budget_bounds_the_prompts_ahead_of_one_that_must_wait() {
 
 #[test]
 fn a_prompt_over_the_whole_budget_is_admitted_behind_a_short_queue() {
-    let mut g = gauge(1, 3, 1000);
+    let g = gauge(1, 3, 1000);
     assert!(g.reserve(I, 1, 10).is_ok());
-    g.started(I, 10);
+    let first = g.started(I, 10);
     assert!(g.reserve(I, 1, 6000).is_ok(), "nothing waits: it may");
     assert_eq!(
         g.reserve(I, 1, 10).unwrap_err().bound,
         QueueBound::Tokens,
         "6000 ahead of it"
     );
-    g.finished(I); // the first request ends
-    g.started(I, 6000); // the long one gets the slot
+    drop(first); // the first request ends
+    let _long = g.started(I, 6000); // the long one gets the slot
     assert!(g.reserve(I, 1, 300).is_ok());
     assert!(
         g.reserve(I, 1, 6000).is_ok(),
@@ -119,9 +118,9 @@ fn a_prompt_over_the_whole_budget_is_admitted_behind_a_short_queue() {
 
 #[test]
 fn the_choices_of_one_request_are_admitted_together_or_not_at_all() {
-    let mut g = gauge(1, 2, 1000);
+    let g = gauge(1, 2, 1000);
     assert!(g.reserve(I, 1, 10).is_ok());
-    g.started(I, 10);
+    let _running = g.started(I, 10);
     assert!(g.reserve(I, 1, 10).is_ok());
     assert!(g.check(I).is_ok(), "one place is left");
     assert_eq!(
@@ -133,7 +132,7 @@ fn the_choices_of_one_request_are_admitted_together_or_not_at_all() {
     assert_eq!(g.queued_tokens(I), 10);
     assert!(g.reserve(I, 1, 10).is_ok(), "one choice still fits");
     // With the slot free, two choices take it and one place.
-    let mut g = gauge(1, 1, 1000);
+    let g = gauge(1, 1, 1000);
     assert!(g.reserve(I, 2, 20).is_ok());
     assert!(g.reserve(I, 1, 1).is_err());
 }
@@ -141,7 +140,7 @@ fn the_choices_of_one_request_are_admitted_together_or_not_at_all() {
 #[test]
 fn the_live_bound_follows_the_measured_rates() {
     // Derived bounds: 1 slot, L_max = ceil(0.667 * 5) = 4.
-    let mut g = Gate::new(1, 1, RATES, [policy(5000, None); 2]);
+    let g = QueueGauge::new(1, 1, RATES, [policy(5000, None); 2]);
     assert_eq!(g.snapshot().1[0].queue_depth_max, 4);
     for _ in 0..5 {
         assert!(g.reserve(I, 1, 10).is_ok());
@@ -176,7 +175,7 @@ fn the_live_bound_follows_the_measured_rates() {
 #[test]
 fn the_bound_follows_the_mix_of_requests_that_complete() {
     // Seeded with 100 + 150 tokens: 1.5 s per request, L_max = ceil(0.667 * 5) = 4.
-    let mut g = Gate::new(1, 1, RATES, [policy(5000, None); 2]);
+    let g = QueueGauge::new(1, 1, RATES, [policy(5000, None); 2]);
     assert_eq!(g.snapshot().1[0].queue_depth_max, 4);
     // Requests of 40 prefilled + 30 generated tokens: 0.4 s each, L_max 13 -> 9.
     for _ in 0..200 {
@@ -196,7 +195,7 @@ fn the_bound_follows_the_mix_of_requests_that_complete() {
     }
     assert_eq!(g.snapshot().1[0].queue_depth_max, 2);
     // The operator's depth is never overridden.
-    let mut g = Gate::new(1, 1, RATES, [policy(5000, Some(3)); 2]);
+    let g = QueueGauge::new(1, 1, RATES, [policy(5000, Some(3)); 2]);
     g.observe_request(1, 1);
     assert_eq!(g.snapshot().1[0].queue_depth_max, 3);
 }
@@ -205,13 +204,13 @@ fn the_bound_follows_the_mix_of_requests_that_complete() {
 fn each_class_has_its_own_queue_and_batch_leaves_the_reserved_slots_free() {
     // 3 slots, batch may hold 2 of them; L_max 2 for each class.
     let p = policy(5000, Some(2));
-    let mut g = Gate::new(3, 2, RATES, [p, p]);
+    let g = Arc::new(QueueGauge::new(3, 2, RATES, [p, p]));
     for _ in 0..4 {
         assert!(g.reserve(B, 1, 10).is_ok(), "2 batch slots + 2 waiting");
     }
     assert_eq!(g.reserve(B, 1, 10).unwrap_err().bound, QueueBound::Requests);
-    g.started(B, 10);
-    g.started(B, 10);
+    let _b1 = g.started(B, 10);
+    let _b2 = g.started(B, 10);
     assert_eq!(
         g.reserve(B, 1, 10).unwrap_err().bound,
         QueueBound::Requests,
@@ -231,7 +230,7 @@ fn each_class_has_its_own_queue_and_batch_leaves_the_reserved_slots_free() {
 #[test]
 fn interactive_requests_waiting_take_the_free_slots_before_batch() {
     let p = policy(5000, Some(1));
-    let mut g = Gate::new(2, 2, RATES, [p, p]);
+    let g = Arc::new(QueueGauge::new(2, 2, RATES, [p, p]));
     assert!(g.reserve(I, 1, 10).is_ok());
     assert!(g.reserve(I, 1, 10).is_ok());
     assert!(
@@ -244,60 +243,9 @@ fn interactive_requests_waiting_take_the_free_slots_before_batch() {
         "L_max 1 for batch"
     );
     g.dropped(B, 10);
-    for _ in 0..2 {
-        g.started(I, 10);
-        g.finished(I);
-    }
+    drop(g.started(I, 10));
+    drop(g.started(I, 10));
     assert!(g.reserve(B, 1, 10).is_ok());
     assert!(g.reserve(B, 1, 10).is_ok());
     assert!(g.reserve(B, 1, 10).is_ok(), "2 free slots + 1 waiting");
-}
-
-/// A job of `class` with a prompt of `tokens`, as a handler would submit it.
-fn job(class: Class, tokens: usize) -> Job {
-    let (events, _) = bounded(1);
-    Job {
-        id: 1,
-        request_id: "test".into(),
-        class,
-        prompt: vec![1; tokens],
-        task: Task::Embed(EmbedSpec {
-            ends: vec![tokens],
-            pooling: crate::embed::Pooling::Mean,
-        }),
-        enqueued_at: Instant::now(),
-        deadline: None,
-        events,
-        cancel: CancelFlag::default(),
-        cached_estimate: 0,
-        prompt_of: None,
-    }
-}
-
-#[test]
-fn the_admission_thread_judges_in_the_order_it_hears() {
-    let metrics = Arc::new(Metrics::default());
-    let p = policy(5000, Some(1));
-    let (admission, queues, gauge) =
-        Admission::new(1, 1, RATES, [p, p], Arc::clone(&metrics)).expect("started");
-    assert!(admission.submit(job(I, 10)).is_ok(), "the free slot");
-    assert!(admission.submit(job(I, 20)).is_ok(), "L_max 1");
-    assert!(matches!(
-        admission.submit(job(I, 30)),
-        Err(Refused::QueueFull(_))
-    ));
-    assert!(admission.precheck(I).is_err(), "the door says the same");
-    assert_eq!(gauge.queued_requests(I), 2);
-    assert_eq!(gauge.queued_tokens(I), 30);
-    // The engine takes the first into its slot, and it ends.
-    let first = queues[I.index()].try_recv().expect("admitted, queued");
-    let slot = gauge.started(I, first.queued_tokens());
-    assert!(admission.precheck(I).is_err(), "1 running, 1 waiting");
-    drop(slot);
-    // Sent after the end, judged after it: the slot is free again.
-    assert!(admission.precheck(I).is_ok());
-    assert!(admission.submit(job(I, 10)).is_ok());
-    assert_eq!(gauge.queued_requests(I), 2);
-    assert_eq!(gauge.snapshot().1[I.index()].queue_depth_max, 1);
-    assert_eq!(metrics.rejected_before_parsing.load(Ordering::Relaxed), 2);
 }

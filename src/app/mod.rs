@@ -10,7 +10,7 @@ use crate::embed::Pooling;
 use crate::engine;
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
-use crate::engine::prefix::PrefixCache;
+use crate::engine::prefix::{PrefixCache, PrefixIndex};
 use crate::ffi::{self, Model};
 use crate::grammar::Grammars;
 use crate::http::prompt::Prompter;
@@ -226,10 +226,11 @@ fn queues(
         rates,
         policies,
         Arc::clone(metrics),
-    )?;
+    );
     report::admission(cfg, &gauge, rates, n_ctx);
     report::policies(cfg);
     let prefix = PrefixCache::new(cfg.prefix_cache_mb << 20);
+    let prefix_index = prefix.index();
     engine.wire(engine::Wiring {
         jobs,
         queue: Arc::clone(&gauge),
@@ -240,6 +241,7 @@ fn queues(
         admission,
         gauge,
         metrics: Arc::clone(metrics),
+        prefix: prefix_index,
         n_ctx,
     })
 }
@@ -277,6 +279,7 @@ struct Serving {
     admission: Admission,
     gauge: Arc<QueueGauge>,
     metrics: Arc<Metrics>,
+    prefix: Arc<PrefixIndex>,
     /// The cells one request may use (the engine's, from its context).
     n_ctx: usize,
 }
@@ -302,6 +305,7 @@ fn app_state(
         pooling: loaded.pooling,
         pooling_source: loaded.pooling_source,
         grammars: loaded.grammars,
+        prefix: serving.prefix,
         admission: serving.admission,
         queue: serving.gauge,
         metrics: serving.metrics,
@@ -343,9 +347,6 @@ fn supervise(
         std::thread::sleep(MAIN_TICK);
         if engine.is_finished() {
             return Err("the engine stopped".into());
-        }
-        if !state.admission.is_running() {
-            return Err("the admission thread stopped".into());
         }
         if !front.is_accepting() {
             return Err("the HTTP server stopped accepting connections".into());

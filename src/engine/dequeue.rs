@@ -299,7 +299,7 @@ impl Engine {
         let slot = match (source, self.parked_slot()) {
             (Some(Source::Parked), Some(parked)) => {
                 self.parked = None;
-                self.queue.prefix_ended(parked);
+                self.prefix.index().clear_running(parked);
                 ctx.truncate_sequence(parked as i32, reuse as i32);
                 parked
             }

@@ -77,7 +77,7 @@ impl Engine {
     /// Frees the parked sequence's cells and takes them out of the index.
     pub(super) fn clear_parked(&mut self, ctx: &mut Context) {
         ctx.clear_sequence(self.parked_seq);
-        self.queue.prefix_ended(self.parked_seq as usize);
+        self.prefix.index().clear_running(self.parked_seq as usize);
     }
 
     pub(super) fn release_kv(&mut self, ctx: &mut Context, slot: usize, keep: bool) {
@@ -94,7 +94,7 @@ impl Engine {
             KvLayout::PerSequence => (tokens.len(), true),
         };
         let seq_id = slot as i32;
-        self.queue.prefix_ended(slot);
+        self.prefix.index().clear_running(slot);
         let others_decoding = self
             .slots
             .iter()
@@ -127,8 +127,9 @@ impl Engine {
                     // The cells stay where they are, in the slot's own stream.
                     KvLayout::PerSequence => seq_id,
                 };
-                self.queue
-                    .prefix_running(self.parked_seq as usize, tokens.clone().into());
+                self.prefix
+                    .index()
+                    .set_running(self.parked_seq as usize, tokens.clone().into());
                 self.parked = Some(tokens);
                 self.parked_runs = runs;
             } else {

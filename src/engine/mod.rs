@@ -240,9 +240,6 @@ pub fn run(
     };
     loop {
         engine.metrics.beat();
-        if let Some(tokens) = engine.prefix.take_changed() {
-            engine.queue.prefix_cached(tokens);
-        }
         engine.reap(&mut ctx);
         engine.deliver_outboxes(&mut ctx);
         engine.save_parked_when_quiet(&mut ctx);

@@ -367,7 +367,7 @@ impl ApiError {
 impl ApiError {
     /// The wait a refusal asks for, in milliseconds (`retry-after-ms`), with
     /// `u` uniform in [0, 1): a full queue's is the place it reserved
-    /// (the gate's promise), spread by ±10 % so that it keeps its order;
+    /// (`QueueGauge::promise`), spread by ±10 % so that it keeps its order;
     /// any other is spread over 0.5-1.5 × its estimate (`jittered_wait_ms`).
     pub fn wait_ms(&self, u: f64) -> Option<u64> {
         match self {

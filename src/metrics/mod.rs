@@ -163,10 +163,6 @@ pub struct Metrics {
     active_sequences: AtomicUsize,
     paused_sequences: AtomicUsize,
     kv_cells_reserved: AtomicUsize,
-    /// Requests and prompt tokens of each class waiting for a slot, as the
-    /// admission thread counts them.
-    pub queued_requests: [AtomicUsize; Class::COUNT],
-    pub queued_tokens: [AtomicUsize; Class::COUNT],
     pub queue_wait: ClassBuckets,
     pub prefill_done: Buckets,
     pub step_time: Buckets,
@@ -224,8 +220,6 @@ impl Default for Metrics {
             active_sequences: AtomicUsize::new(0),
             paused_sequences: AtomicUsize::new(0),
             kv_cells_reserved: AtomicUsize::new(0),
-            queued_requests: Default::default(),
-            queued_tokens: Default::default(),
             queue_wait: ClassBuckets::new(QUEUE_WAIT_BUCKETS),
             prefill_done: Buckets::new(TTFT_BUCKETS),
             step_time: Buckets::new(STEP_BUCKETS),
