@@ -605,6 +605,10 @@ fn a_full_handler_queue_answers_503_from_the_connection_at_once() {
         "the queued request waits for a handler"
     );
     assert!(refused.contains("server_busy"), "{refused}");
+    assert!(
+        refused.contains(r#""type":"overloaded_error""#),
+        "{refused}"
+    );
     assert_spread_wait(&refused);
     // The held requests end when their clients leave; the queued one is served.
     drop(held);
@@ -708,6 +712,8 @@ fn at_the_connection_bound_with_none_waiting_a_new_connection_gets_503() {
     });
     assert_eq!(statuses(&text), vec![503], "{text}");
     assert!(text.contains("too_many_connections"), "{text}");
+    // Typed as the handlers type an overload refusal.
+    assert!(text.contains(r#""type":"overloaded_error""#), "{text}");
     assert_spread_wait(&text);
     drop(third);
     drop(held);

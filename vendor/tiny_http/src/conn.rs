@@ -603,8 +603,9 @@ fn wants_close(head: &Head) -> bool {
 
 /// A complete response, written by the connection itself, that closes it.
 pub(crate) fn refusal_bytes(r: &Refusal, retry_after_s: Option<u64>, close: bool) -> Vec<u8> {
+    // sluice patch: the type sluice's own handlers give an overload refusal.
     let kind = match r.status {
-        503 => "server_error",
+        503 => "overloaded_error",
         _ => "invalid_request_error",
     };
     let body = format!(
