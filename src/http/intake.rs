@@ -119,9 +119,36 @@ impl<'a> Intake<'a> {
         respond_error(req, &e);
     }
 
-    /// Charges `cost` tokens of work to the client's bucket.
+    /// Charges `cost` tokens of work to the client's bucket (nothing without a
+    /// limit). All of it is `unused` (given back when the charge drops) until
+    /// the caller says how much the request used. A short bucket is the 429,
+    /// counted for the class.
     pub(super) fn charge(&self, class: Class, cost: u64) -> Result<Option<Charged<'a>>, ApiError> {
-        charge(self.state, &self.client, class, cost)
+        let Some(limit) = self.client.limit else {
+            return Ok(None);
+        };
+        match self.state.limiter.charge(self.client.id, limit, cost) {
+            Ok(()) => Ok(Some(Charged {
+                limiter: &self.state.limiter,
+                id: self.client.id,
+                limit,
+                unused: cost,
+            })),
+            Err(refused) => {
+                self.state
+                    .metrics
+                    .class(class)
+                    .rate_limited
+                    .fetch_add(1, Ordering::Relaxed);
+                Err(ApiError::RateLimited {
+                    cost,
+                    available: refused.available,
+                    burst: limit.burst,
+                    rate_tok_s: limit.rate_tok_s,
+                    retry_after_s: refused.retry_after_s,
+                })
+            }
+        }
     }
 
     /// A job's events and cancel flag: the channel is bounded by
@@ -169,10 +196,10 @@ impl<'a> Intake<'a> {
 }
 
 /// Counts a completion request in flight for as long as it lives.
-pub(super) struct InFlight<'a>(&'a AtomicUsize);
+struct InFlight<'a>(&'a AtomicUsize);
 
 impl<'a> InFlight<'a> {
-    pub(super) fn enter(n: &'a AtomicUsize) -> InFlight<'a> {
+    fn enter(n: &'a AtomicUsize) -> InFlight<'a> {
         n.fetch_add(1, Ordering::SeqCst);
         InFlight(n)
     }
@@ -181,43 +208,6 @@ impl<'a> InFlight<'a> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Charges `cost` tokens of work to the client's bucket (nothing without a
-/// limit). All of it is `unused` (given back when the charge drops) until
-/// the caller says how much the request used. A short bucket is the 429,
-/// counted for the class.
-pub(super) fn charge<'a>(
-    state: &'a AppState,
-    client: &Client,
-    class: Class,
-    cost: u64,
-) -> Result<Option<Charged<'a>>, ApiError> {
-    let Some(limit) = client.limit else {
-        return Ok(None);
-    };
-    match state.limiter.charge(client.id, limit, cost) {
-        Ok(()) => Ok(Some(Charged {
-            limiter: &state.limiter,
-            id: client.id,
-            limit,
-            unused: cost,
-        })),
-        Err(refused) => {
-            state
-                .metrics
-                .class(class)
-                .rate_limited
-                .fetch_add(1, Ordering::Relaxed);
-            Err(ApiError::RateLimited {
-                cost,
-                available: refused.available,
-                burst: limit.burst,
-                rate_tok_s: limit.rate_tok_s,
-                retry_after_s: refused.retry_after_s,
-            })
-        }
     }
 }
 
