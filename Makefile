@@ -25,8 +25,8 @@ model:
 build:
 	$(CARGO) build --release --workspace
 
-# Pure logic (planner, detokenizer, validation, SSE framing, ...), in parallel;
-# then the vendored tiny_http's (request parsing and framing).
+# Pure logic (planner, detokenizer, validation, SSE and HTTP framing, ...), in parallel;
+# then the vendored tiny_http's (headers, methods).
 unit: deps
 	$(CARGO) test --release --workspace --bins --lib
 	$(CARGO) test --release --test structure

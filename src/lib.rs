@@ -21,6 +21,7 @@ mod auth;
 mod calibrate;
 mod calibration_cache;
 mod config;
+mod door;
 mod embed;
 mod engine;
 #[allow(unsafe_code)]

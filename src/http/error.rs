@@ -1,10 +1,13 @@
 //! Every error a client can get, and the one place that maps it to a status.
 //!
-//! Errors use OpenAI's shape `{"error": {"message", "type", "code", "param"}}`.
+//! Errors use OpenAI's shape `{"error": {"message", "type", "code", "param"}}`,
+//! built by `door::refusal`, which the door's own refusals share, as they
+//! share its spread of the wait.
 //! `code` is a stable string that also serves as a metrics label; messages name
 //! the limit and the value given.
 
 use crate::admission::{QueueBound, QueueFull, Refused};
+use crate::door::refusal::{self, jittered_wait_ms};
 use crate::stream::ShedReason;
 use serde_json::json;
 
@@ -321,14 +324,8 @@ impl ApiError {
             ApiError::InvalidRequest { param, .. } => param.clone(),
             _ => None,
         };
-        let mut v = json!({
-            "error": {
-                "message": self.message(),
-                "type": self.kind(),
-                "code": self.code(),
-                "param": param,
-            }
-        });
+        let mut v =
+            refusal::error_body(&self.message(), self.kind(), self.code(), param.as_deref());
         if let ApiError::RateLimited {
             cost,
             available,
@@ -381,18 +378,6 @@ impl ApiError {
     }
 }
 
-/// The wait a refusal asks for, in milliseconds, spread so that clients
-/// refused together do not come back together: `u` (uniform in [0, 1)) picks
-/// a point in [0.5, 1.5) × the estimated wait, whose mean is the estimate.
-pub fn jittered_wait_ms(retry_after_s: u64, u: f64) -> u64 {
-    (retry_after_s as f64 * 1000.0 * (0.5 + u.clamp(0.0, 1.0))).floor() as u64
-}
-
-/// `Retry-After` (whole seconds) for a jittered wait: never before it.
-pub fn retry_after_header_s(wait_ms: u64) -> u64 {
-    wait_ms.div_ceil(1000).max(1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,18 +391,6 @@ mod tests {
         assert_eq!(v["error"]["code"], "invalid_request");
         assert_eq!(v["error"]["param"], "messages[1].role");
         assert_eq!(v["error"]["type"], "invalid_request_error");
-    }
-
-    #[test]
-    fn waits_are_spread_around_the_estimate_and_retry_after_is_never_earlier() {
-        assert_eq!(jittered_wait_ms(4, 0.0), 2000);
-        assert_eq!(jittered_wait_ms(4, 0.5), 4000);
-        assert_eq!(jittered_wait_ms(4, 0.999_999), 5999, "never the whole 1.5x");
-        assert_eq!(jittered_wait_ms(1, 0.25), 750);
-        assert_eq!(retry_after_header_s(750), 1);
-        assert_eq!(retry_after_header_s(1001), 2);
-        assert_eq!(retry_after_header_s(6000), 6);
-        assert_eq!(retry_after_header_s(0), 1);
     }
 
     #[test]

@@ -1,14 +1,14 @@
 //! The HTTP front: the only module that knows about HTTP and JSON.
 //!
 //! A fixed pool of handler threads (`sluice-http-N`) takes requests from
-//! tiny_http. A handler parses, caps and validates the body, counts the prompt in
+//! the front door (`door`). A handler parses, caps and validates the body, counts the prompt in
 //! tokens, submits a `Job` to admission (`try_send`, never blocking), then writes
 //! the answer: one JSON body, or Server-Sent Events flushed per token through the
 //! raw socket writer. The pool is sized so that handlers of every running and
 //! queued request can be busy streaming and `/health` is still answered.
 //!
-//! tiny_http also runs its own I/O threads, one per open connection (they read
-//! and parse requests and never compute); they are named `sluice-conn`.
+//! The door runs its own I/O threads: `sluice-accept`, and one per open
+//! connection (`sluice-conn`; they read and parse requests and never compute).
 
 mod embeddings;
 pub mod error;
@@ -31,6 +31,7 @@ pub mod validation;
 
 use crate::admission::{Admission, QueueGauge};
 use crate::config::Config;
+use crate::door::{self, Door};
 use crate::engine::prefix::PrefixIndex;
 use crate::ffi;
 use crate::metrics::Metrics;
@@ -45,7 +46,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use tiny_http::{Header, Method, Request, Response, Server};
+use tiny_http::{Header, Method, Request, Response};
 use validation::Api;
 
 /// The engine loop turns at least every 100 ms when idle and once per step when
@@ -102,7 +103,7 @@ pub struct AppState {
     /// What `SLUICE_TEST_HOOKS` turns on, for tests of the front.
     pub test_hooks: TestHooks,
     /// The HTTP front's counters, once it runs.
-    pub front: std::sync::OnceLock<Arc<Server>>,
+    pub front: std::sync::OnceLock<Arc<Door>>,
     /// KV cells in the context: no request may need more.
     pub n_ctx: usize,
     /// Most tokens one request may span (prompt + max_tokens): the KV cells,
@@ -156,20 +157,20 @@ const TEST_HOLD_MAX: Duration = Duration::from_secs(600);
 /// The running HTTP front.
 pub struct Front {
     _handlers: Vec<JoinHandle<()>>,
-    server: Arc<Server>,
+    door: Arc<Door>,
 }
 
 impl Front {
-    /// False once tiny_http's accept thread has stopped for good (its listener
+    /// False once the door's accept thread has stopped for good (its listener
     /// failed): a process that accepts nothing must exit, so that it is restarted.
     pub fn is_accepting(&self) -> bool {
-        self.server.is_accepting()
+        self.door.is_accepting()
     }
 
     /// Accepts that failed and were waited out so far (out of descriptors or
     /// memory, ...), and the last one's error.
     pub fn accept_errors(&self) -> (u64, std::io::Error) {
-        let st = self.server.stats();
+        let st = self.door.stats();
         (
             st.accept_errors.load(Ordering::Relaxed),
             std::io::Error::from_raw_os_error(st.last_accept_errno.load(Ordering::Relaxed)),
@@ -177,7 +178,7 @@ impl Front {
     }
 }
 
-/// Starts tiny_http on `listener` and the handler pool.
+/// Opens the door on `listener` and starts the handler pool.
 pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, String> {
     // Accepted sockets inherit TCP_NODELAY from the listener; without it Nagle's
     // algorithm and delayed ACKs add tens of milliseconds to every token.
@@ -190,14 +191,10 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
         state.cfg.send_buffer_bytes,
     )
     .map_err(|e| format!("cannot set SO_SNDTIMEO and SO_SNDBUF: {e}"))?;
-    // tiny_http's threads (accept loop, connection pool) inherit the name of the
-    // thread that creates them.
-    ffi::set_current_thread_name("sluice-conn");
     // What a client may send, and how long it may take, is enforced on its
     // connection's thread: a slow, oversized or malformed request never holds
-    // a handler, and a connection has one request in flight at most (tiny_http
-    // patched for it; see vendor/tiny_http/SLUICE-PATCH.md).
-    let limits = tiny_http::ConnectionLimits {
+    // a handler, and a connection has one request in flight at most (`door`).
+    let limits = door::ConnectionLimits {
         header_timeout: state.cfg.header_timeout,
         body_timeout: state.cfg.client_timeout,
         keep_alive: state.cfg.keep_alive,
@@ -212,17 +209,17 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
         linger: LINGER,
         linger_bytes_max: LINGER_BYTES_MAX,
     };
-    let server = Server::from_listener_with_limits(listener, None, limits);
-    ffi::set_current_thread_name("sluice-main");
-    let server = Arc::new(server.map_err(|e| format!("cannot start the HTTP server: {e}"))?);
-    let _ = state.front.set(Arc::clone(&server));
+    let door =
+        Door::open(listener, limits).map_err(|e| format!("cannot open the front door: {e}"))?;
+    let door = Arc::new(door);
+    let _ = state.front.set(Arc::clone(&door));
 
     let n = state.http_threads;
     let mut handles = Vec::with_capacity(n);
     // "Listening" is only said once every handler runs under its own name.
     let (started_tx, started_rx) = bounded::<()>(n);
     for i in 0..n {
-        let server = Arc::clone(&server);
+        let door = Arc::clone(&door);
         let state = Arc::clone(&state);
         let started = started_tx.clone();
         let handle = std::thread::Builder::new()
@@ -230,7 +227,7 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
             .spawn(move || {
                 let _ = started.send(());
                 drop(started);
-                while let Ok(req) = server.recv() {
+                while let Some(req) = door.recv() {
                     state.handlers_busy.fetch_add(1, Ordering::SeqCst);
                     // A panic is this request's alone: its `Request` is dropped
                     // while unwinding, which answers 500, and the handler goes on.
@@ -257,7 +254,7 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
     }
     Ok(Front {
         _handlers: handles,
-        server,
+        door,
     })
 }
 
@@ -501,7 +498,7 @@ fn respond_error(req: Request, e: &ApiError) {
         // The OpenAI SDKs read retry-after-ms first; both are spread.
         resp.add_header(header(
             "Retry-After",
-            &error::retry_after_header_s(ms).to_string(),
+            &door::refusal::retry_after_header_s(ms).to_string(),
         ));
         resp.add_header(header("retry-after-ms", &ms.to_string()));
     }

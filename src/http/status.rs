@@ -188,10 +188,10 @@ fn rate_and_engine_gauges(state: &AppState, rates: Rates, bounds: Bounds) -> [Ga
 fn front_text(state: &AppState, out: &mut String) {
     use std::fmt::Write as _;
     use std::sync::atomic::Ordering::Relaxed;
-    let Some(server) = state.front.get() else {
+    let Some(door) = state.front.get() else {
         return;
     };
-    let st = server.stats();
+    let st = door.stats();
     let gauges = [
         (
             "sluice_http_connections",
@@ -212,7 +212,7 @@ fn front_text(state: &AppState, out: &mut String) {
         (
             "sluice_http_queue_depth",
             "Requests read whole and waiting for a handler.",
-            server.queued() as f64,
+            door.queued() as f64,
         ),
         (
             "sluice_http_queue_depth_max",
@@ -302,8 +302,8 @@ pub(super) fn status_json(state: &AppState) -> serde_json::Value {
                 .collect(),
         )
     };
-    let front = state.front.get().map(|server| {
-        let st = server.stats();
+    let front = state.front.get().map(|door| {
+        let st = door.stats();
         json!({
             "connections": st.open.load(Relaxed),
             "connections_max": state.max_connections,

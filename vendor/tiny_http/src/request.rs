@@ -3,13 +3,10 @@ use std::io::{self, Cursor, ErrorKind, Read, Write};
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::str::FromStr;
 
 use std::sync::mpsc::Sender;
 
-use crate::util::{EqualReader, FusedReader};
 use crate::{HTTPVersion, Header, Method, Response, StatusCode};
-use chunked_transfer::Decoder;
 
 /// Represents an HTTP request made by a client.
 ///
@@ -19,23 +16,6 @@ use chunked_transfer::Decoder;
 /// This object implements the `Send` trait, therefore you can dispatch your requests to
 /// worker threads.
 ///
-/// # Pipelining
-///
-/// If a client sends multiple requests in a row (without waiting for the response), then you will
-/// get multiple `Request` objects simultaneously. This is called *requests pipelining*.
-/// Tiny-http automatically reorders the responses so that you don't need to worry about the order
-/// in which you call `respond` or `into_writer`.
-///
-/// This mechanic is disabled if:
-///
-///  - The body of a request is large enough (handling requires pipelining requires storing the
-///    body of the request in a buffer ; if the body is too big, tiny-http will avoid doing that)
-///  - A request sends a `Expect: 100-continue` header (which means that the client waits to
-///    know whether its body will be processed before sending it)
-///  - A request sends a `Connection: close` header or `Connection: upgrade` header (used for
-///    websockets), which indicates that this is the last request that will be received on this
-///    connection
-///
 /// # Automatic cleanup
 ///
 /// If a `Request` object is destroyed without `into_writer` or `respond` being called,
@@ -43,10 +23,6 @@ use chunked_transfer::Decoder;
 /// sent back to the client.
 /// This means that if your code fails during the handling of a request, this "internal server
 /// error" response will automatically be sent during the stack unwinding.
-///
-/// # Testing
-///
-/// If you want to build fake requests to test your server, use [`TestRequest`](crate::test::TestRequest).
 pub struct Request {
     // where to read the body from
     data_reader: Option<Box<dyn Read + Send + 'static>>,
@@ -79,9 +55,8 @@ pub struct Request {
     // If Some, a message must be sent after responding
     notify_when_responded: Option<Sender<()>>,
 
-    // sluice patch: marked once a whole response is written (the connection
-    // may then carry another request)
-    completion: Option<crate::Completion>,
+    // sluice patch: marked once a whole response is written
+    completion: Completion,
 
     // sluice patch: headers every response to this request carries
     response_headers: Vec<Header>,
@@ -111,186 +86,84 @@ impl<R> Drop for NotifyOnDrop<R> {
     }
 }
 
-/// Error that can happen when building a `Request` object.
-#[derive(Debug)]
-pub enum RequestCreationError {
-    /// The client sent an `Expect` header that was not recognized by tiny-http.
-    ExpectationFailed,
+/// sluice patch: marks a response complete (the connection may then carry
+/// another request). `respond` marks it; a response written by hand through
+/// `into_writer` is marked by its writer with `done()` after its last byte.
+#[derive(Clone, Debug, Default)]
+pub struct Completion(std::sync::Arc<std::sync::atomic::AtomicBool>);
 
-    /// Error while reading data from the socket during the creation of the `Request`.
-    CreationIoError(#[allow(dead_code)] IoError),
-}
-
-impl From<IoError> for RequestCreationError {
-    fn from(err: IoError) -> RequestCreationError {
-        RequestCreationError::CreationIoError(err)
+impl Completion {
+    pub fn done(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::Release);
     }
-}
 
-/// Builds a new request.
-///
-/// After the request line and headers have been read from the socket, a new `Request` object
-/// is built.
-///
-/// You must pass a `Read` that will allow the `Request` object to read from the incoming data.
-/// It is the responsibility of the `Request` to read only the data of the request and not further.
-///
-/// The `Write` object will be used by the `Request` to write the response.
-#[allow(clippy::too_many_arguments)]
-pub fn new_request<R, W>(
-    secure: bool,
-    method: Method,
-    path: String,
-    version: HTTPVersion,
-    headers: Vec<Header>,
-    remote_addr: Option<SocketAddr>,
-    mut source_data: R,
-    writer: W,
-) -> Result<Request, RequestCreationError>
-where
-    R: Read + Send + 'static,
-    W: Write + Send + 'static,
-{
-    // finding the transfer-encoding header
-    let transfer_encoding = headers
-        .iter()
-        .find(|h: &&Header| h.field.equiv("Transfer-Encoding"))
-        .map(|h| h.value.clone());
-
-    // finding the content-length header
-    let content_length = if transfer_encoding.is_some() {
-        // if transfer-encoding is specified, the Content-Length
-        // header must be ignored (RFC2616 #4.4)
-        None
-    } else {
-        headers
-            .iter()
-            .find(|h: &&Header| h.field.equiv("Content-Length"))
-            .and_then(|h| FromStr::from_str(h.value.as_str()).ok())
-    };
-
-    // true if the client sent a `Expect: 100-continue` header
-    let expects_continue = {
-        match headers
-            .iter()
-            .find(|h: &&Header| h.field.equiv("Expect"))
-            .map(|h| h.value.as_str())
-        {
-            None => false,
-            Some(v) if v.eq_ignore_ascii_case("100-continue") => true,
-            _ => return Err(RequestCreationError::ExpectationFailed),
-        }
-    };
-
-    // true if the client sent a `Connection: upgrade` header
-    let connection_upgrade = {
-        match headers
-            .iter()
-            .find(|h: &&Header| h.field.equiv("Connection"))
-            .map(|h| h.value.as_str())
-        {
-            Some(v) if v.to_ascii_lowercase().contains("upgrade") => true,
-            _ => false,
-        }
-    };
-
-    // we wrap `source_data` around a reading whose nature depends on the transfer-encoding and
-    // content-length headers
-    let reader = if connection_upgrade {
-        // if we have a `Connection: upgrade`, always keeping the whole reader
-        Box::new(source_data) as Box<dyn Read + Send + 'static>
-    } else if let Some(content_length) = content_length {
-        if content_length == 0 {
-            Box::new(io::empty()) as Box<dyn Read + Send + 'static>
-        } else if content_length <= 1024 && !expects_continue {
-            // if the content-length is small enough, we just read everything into a buffer
-
-            let mut buffer = vec![0; content_length];
-            let mut offset = 0;
-
-            while offset != content_length {
-                let read = source_data.read(&mut buffer[offset..])?;
-                if read == 0 {
-                    // the socket returned EOF, but we were before the expected content-length
-                    // aborting
-                    let info = "Connection has been closed before we received enough data";
-                    let err = IoError::new(ErrorKind::ConnectionAborted, info);
-                    return Err(RequestCreationError::CreationIoError(err));
-                }
-
-                offset += read;
-            }
-
-            Box::new(Cursor::new(buffer)) as Box<dyn Read + Send + 'static>
-        } else {
-            let (data_reader, _) = EqualReader::new(source_data, content_length); // TODO:
-            Box::new(FusedReader::new(data_reader)) as Box<dyn Read + Send + 'static>
-        }
-    } else if transfer_encoding.is_some() {
-        // if a transfer-encoding was specified, then "chunked" is ALWAYS applied
-        // over the message (RFC2616 #3.6)
-        Box::new(FusedReader::new(Decoder::new(source_data))) as Box<dyn Read + Send + 'static>
-    } else {
-        // if we have neither a Content-Length nor a Transfer-Encoding,
-        // assuming that we have no data
-        // TODO: could also be multipart/byteranges
-        Box::new(io::empty()) as Box<dyn Read + Send + 'static>
-    };
-
-    Ok(Request {
-        data_reader: Some(reader),
-        response_writer: Some(Box::new(writer) as Box<dyn Write + Send + 'static>),
-        remote_addr,
-        #[cfg(unix)]
-        peer_socket: None,
-        secure,
-        method,
-        path,
-        http_version: version,
-        headers,
-        body_length: content_length,
-        must_send_continue: expects_continue,
-        notify_when_responded: None,
-        completion: None,
-        response_headers: Vec::new(),
-    })
-}
-
-/// sluice patch: a request whose body the connection has already read whole.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn preread_request<W>(
-    method: Method,
-    path: String,
-    version: HTTPVersion,
-    headers: Vec<Header>,
-    remote_addr: Option<SocketAddr>,
-    body: Vec<u8>,
-    writer: W,
-    completion: crate::Completion,
-) -> Request
-where
-    W: Write + Send + 'static,
-{
-    Request {
-        body_length: Some(body.len()),
-        data_reader: Some(Box::new(Cursor::new(body))),
-        response_writer: Some(Box::new(writer)),
-        remote_addr,
-        #[cfg(unix)]
-        peer_socket: None,
-        secure: false,
-        method,
-        path,
-        http_version: version,
-        headers,
-        must_send_continue: false,
-        notify_when_responded: None,
-        completion: Some(completion),
-        response_headers: Vec::new(),
+    pub fn is_done(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
 impl Request {
+    /// sluice patch: a request whose head and whole body the caller has read;
+    /// its response goes to `writer`, and `completion` is marked once it is
+    /// whole.
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_parts(
+        method: Method,
+        path: String,
+        http_version: HTTPVersion,
+        headers: Vec<Header>,
+        remote_addr: Option<SocketAddr>,
+        body: Vec<u8>,
+        writer: Box<dyn Write + Send + 'static>,
+        completion: Completion,
+    ) -> Request {
+        Request {
+            body_length: Some(body.len()),
+            data_reader: Some(Box::new(Cursor::new(body))),
+            response_writer: Some(writer),
+            remote_addr,
+            #[cfg(unix)]
+            peer_socket: None,
+            secure: false,
+            method,
+            path,
+            http_version,
+            headers,
+            must_send_continue: false,
+            notify_when_responded: None,
+            completion,
+            response_headers: Vec::new(),
+        }
+    }
+
+    /// sluice patch: a header that any response to this request carries
+    /// (`respond` adds them; a response written by hand reads them first).
+    pub fn add_response_header(&mut self, header: Header) {
+        self.response_headers.push(header);
+    }
+
+    /// sluice patch: the headers added with `add_response_header`.
+    pub fn response_headers(&self) -> &[Header] {
+        &self.response_headers
+    }
+
+    /// sluice patch: what marks this request's response complete.
+    pub fn completion(&self) -> Completion {
+        self.completion.clone()
+    }
+
+    /// sluice patch: a duplicate of the connection's socket, to see the
+    /// client leave while there is nothing to write.
+    #[cfg(unix)]
+    pub fn set_peer_socket(&mut self, socket: Option<std::os::fd::OwnedFd>) {
+        self.peer_socket = socket;
+    }
+
+    #[cfg(unix)]
+    pub fn take_peer_socket(&mut self) -> Option<std::os::fd::OwnedFd> {
+        self.peer_socket.take()
+    }
+
     /// Returns true if the request was made through HTTPS.
     #[inline]
     pub fn secure(&self) -> bool {
@@ -340,63 +213,6 @@ impl Request {
     #[inline]
     pub fn remote_addr(&self) -> Option<&SocketAddr> {
         self.remote_addr.as_ref()
-    }
-
-    /// sluice patch: a header that any response to this request carries
-    /// (`respond` adds them; a response written through `into_writer` reads
-    /// them from `response_headers` first).
-    pub fn add_response_header(&mut self, header: Header) {
-        self.response_headers.push(header);
-    }
-
-    /// sluice patch: the headers added with `add_response_header`.
-    pub fn response_headers(&self) -> &[Header] {
-        &self.response_headers
-    }
-
-    /// sluice patch: what marks this request's response complete, for a
-    /// response written by hand through `into_writer` (call `done()` once its
-    /// last byte is written; `respond` marks it itself). Without it the
-    /// connection is closed after the response.
-    pub fn completion(&self) -> crate::Completion {
-        self.completion.clone().unwrap_or_default()
-    }
-
-    /// sluice patch: the 503 for a request the handlers' queue has no room for.
-    pub(crate) fn refuse_queue_full(self) {
-        let r = crate::conn::Refusal {
-            status: 503,
-            code: "server_busy",
-            message: "every HTTP handler is busy and their queue is full; retry shortly".into(),
-        };
-        let (wait_s, wait_ms) = crate::conn::jittered_wait(1);
-        let bytes = crate::conn::refusal_bytes(&r, None, false);
-        let body_at = bytes
-            .windows(4)
-            .position(|w| w == b"\r\n\r\n")
-            .map_or(0, |i| i + 4);
-        let response = Response::from_data(bytes[body_at..].to_vec())
-            .with_status_code(503)
-            .with_header(
-                Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).unwrap(),
-            )
-            .with_header(
-                Header::from_bytes(&b"Retry-After"[..], wait_s.to_string().as_bytes()).unwrap(),
-            )
-            .with_header(
-                Header::from_bytes(&b"retry-after-ms"[..], wait_ms.to_string().as_bytes()).unwrap(),
-            );
-        let _ = self.respond(response);
-    }
-
-    #[cfg(unix)]
-    pub fn take_peer_socket(&mut self) -> Option<std::os::fd::OwnedFd> {
-        self.peer_socket.take()
-    }
-
-    #[cfg(unix)]
-    pub(crate) fn set_peer_socket(&mut self, socket: Option<std::os::fd::OwnedFd>) {
-        self.peer_socket = socket;
     }
 
     /// Sends a response with a `Connection: upgrade` header, then turns the `Request` into a `Stream`.
@@ -567,9 +383,7 @@ impl Request {
 
         let flushed = writer.flush();
         if flushed.is_ok() {
-            if let Some(c) = &self.completion {
-                c.done();
-            }
+            self.completion.done();
         }
         Self::ignore_client_closing_errors(flushed)
     }

@@ -1,14 +1,8 @@
 pub use self::custom_stream::CustomStream;
-pub use self::equal_reader::EqualReader;
-pub use self::fused_reader::FusedReader;
-pub use self::task_pool::TaskPool;
 
 use std::str::FromStr;
 
 mod custom_stream;
-mod equal_reader;
-mod fused_reader;
-mod task_pool;
 
 /// Parses a the value of a header.
 /// Suitable for `Accept-*`, `TE`, etc.
