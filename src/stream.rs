@@ -85,10 +85,7 @@ pub enum ErrorKind {
     /// llama.cpp failed to decode a batch holding this request.
     Engine,
     /// Shed at dequeue (503): see [`ShedReason`].
-    Shed {
-        reason: ShedReason,
-        retry_after_s: u64,
-    },
+    Shed { reason: ShedReason },
     /// The caller's deadline passed before the request could start.
     DeadlineExceeded,
     /// The server is shutting down: the drain's deadline passed first.

@@ -31,8 +31,14 @@
 //! admitted. Which queue the engine serves first is `priority::Picker`'s rule.
 
 mod bounds;
+mod gate;
+pub mod prefixes;
+mod report;
 
 pub use bounds::*;
+pub use gate::QueueGauge;
+use gate::Refusal;
+pub use report::{Reporter, Slot};
 
 use crate::embed::EmbedSpec;
 use crate::ffi::{SamplingParams, Token};
@@ -40,7 +46,7 @@ use crate::metrics::Metrics;
 use crate::priority::Class;
 use crate::stream::{CancelFlag, CancelReason, Event};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -223,318 +229,6 @@ pub enum Refused {
     EngineStopped,
 }
 
-/// What is in the system now, per class (`Class::index`).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Load {
-    /// In a slot.
-    running: [usize; Class::COUNT],
-    /// Admitted and waiting for a slot.
-    waiting: [usize; Class::COUNT],
-    /// Prompt tokens of the ones waiting.
-    waiting_tokens: [usize; Class::COUNT],
-}
-
-impl Load {
-    fn running_total(&self) -> usize {
-        self.running.iter().sum()
-    }
-
-    /// Requests and prompt tokens that wait ahead of a new request of `class`:
-    /// those of its own class and of every class above it.
-    fn ahead_of(&self, class: Class) -> (usize, usize) {
-        let n = class.index() + 1;
-        (
-            self.waiting[..n].iter().sum(),
-            self.waiting_tokens[..n].iter().sum(),
-        )
-    }
-}
-
-/// The gate's view of the queues, shared with the engine, which reports when a
-/// request gets its slot and when it leaves it, and publishes the rates it
-/// measures. A request of a class is refused when its class's waiting requests
-/// would exceed the slots it could take now plus its L_max, or when it must
-/// wait and its class's waiting prompt tokens already exceed their budget.
-///
-/// The slots a class could take now: for `interactive`, the free ones; for
-/// `batch`, the free ones that interactive requests waiting do not take, and no
-/// more than batch may hold (`--parallel` minus `--interactive-slots`).
-pub struct QueueGauge {
-    state: Mutex<State>,
-    slots: usize,
-    batch_slots: usize,
-    policies: [Policy; Class::COUNT],
-    /// Readable without the lock (for `/metrics`).
-    waiting: [AtomicUsize; Class::COUNT],
-    waiting_tokens: [AtomicUsize; Class::COUNT],
-}
-
-struct State {
-    load: Load,
-    rates: Rates,
-    mix: Mix,
-    bounds: [Bounds; Class::COUNT],
-    /// The return time last handed to a refused request of each class.
-    promised: [Option<Instant>; Class::COUNT],
-}
-
-impl State {
-    /// The bounds of each class from the rates and the mix in force.
-    fn derive(&mut self, policies: &[Policy; Class::COUNT]) {
-        let typical = self.mix.typical();
-        self.bounds = policies.map(|p| derive_bounds(self.rates, &Policy { typical, ..p }));
-    }
-}
-
-impl QueueGauge {
-    fn new(
-        slots: usize,
-        batch_slots: usize,
-        rates: Rates,
-        policies: [Policy; Class::COUNT],
-    ) -> QueueGauge {
-        assert!(batch_slots >= 1 && batch_slots <= slots);
-        QueueGauge {
-            state: Mutex::new(State {
-                load: Load::default(),
-                rates,
-                mix: Mix::new(policies[Class::Interactive.index()].typical),
-                bounds: policies.map(|p| derive_bounds(rates, &p)),
-                promised: [None; Class::COUNT],
-            }),
-            slots,
-            batch_slots,
-            policies,
-            waiting: Default::default(),
-            waiting_tokens: Default::default(),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().expect("queue gauge lock")
-    }
-
-    /// When a refused request should come back, as a wait from now.
-    ///
-    /// Refused requests are given places in a virtual queue served at the
-    /// rate capacity frees: each one reserves its own service time
-    /// (`own_s`: its prompt at the prefill rate, its `max_tokens` at the
-    /// decode rate of the full batch) after the one refused before it, and
-    /// the first after a quiet spell comes back when, on average, the
-    /// running requests are half done (`slots × own_s / 2`). So a burst's
-    /// refused clients return one by one as room opens, not all together
-    /// (capacity idle in between) nor all at once (refused again). The
-    /// reservations end `PROMISE_HORIZON_S` ahead: clients that never come
-    /// back cannot push the others' waits out for good.
-    pub fn promise(&self, class: Class, own_s: f64) -> Duration {
-        self.promise_at(class, own_s, Instant::now())
-    }
-
-    fn promise_at(&self, class: Class, own_s: f64, now: Instant) -> Duration {
-        let slots = match class {
-            Class::Interactive => self.slots,
-            Class::Batch => self.batch_slots,
-        } as f64;
-        let own = Duration::from_secs_f64(own_s.clamp(0.001, PROMISE_HORIZON_S));
-        let first = now + own.mul_f64(slots / 2.0);
-        let mut st = self.lock();
-        let slot = &mut st.promised[class.index()];
-        let t = match *slot {
-            Some(p) if p + own > first => p + own,
-            _ => first,
-        }
-        .min(now + Duration::from_secs_f64(PROMISE_HORIZON_S));
-        *slot = Some(t);
-        t - now
-    }
-
-    /// Slots a new request of `class` could take at once.
-    fn free_for(&self, l: &Load, class: Class) -> usize {
-        let free = self.slots.saturating_sub(l.running_total());
-        match class {
-            Class::Interactive => free,
-            Class::Batch => free
-                .saturating_sub(l.waiting[Class::Interactive.index()])
-                .min(
-                    self.batch_slots
-                        .saturating_sub(l.running[Class::Batch.index()]),
-                ),
-        }
-    }
-
-    /// Reserves places for `n` requests of `class` (the choices of one
-    /// request: all of them or none) holding `prompt_tokens` together, or says
-    /// which bound they break (with what is waiting ahead of them, and the
-    /// bounds and rates they were judged by).
-    fn reserve(&self, class: Class, n: usize, prompt_tokens: usize) -> Result<(), Refusal> {
-        let mut s = self.lock();
-        Self::judge(&s, self.free_for(&s.load, class), class, n)?;
-        let c = class.index();
-        s.load.waiting[c] += n;
-        s.load.waiting_tokens[c] += prompt_tokens;
-        self.publish(&s.load);
-        Ok(())
-    }
-
-    /// Whether a request of `class` would be admitted now, without reserving
-    /// its place. Its prompt does not matter (`judge`): the door's answer,
-    /// before the body is read, is the gate's.
-    fn check(&self, class: Class) -> Result<(), Refusal> {
-        let s = self.lock();
-        Self::judge(&s, self.free_for(&s.load, class), class, 1)
-    }
-
-    /// The gate's rule (`reserve`) for `n` requests, given the slots the class
-    /// could take now.
-    ///
-    /// The token budget bounds the prompt tokens *ahead* of a request that
-    /// must wait: their prefill is its queueing delay, W_max of it at most.
-    /// Its own prompt is its service, not its wait, so a long prompt behind a
-    /// short queue is admitted (below capacity it is served, and refusing it
-    /// only sends it back later), while one behind more than W_max of prompts
-    /// is refused, whatever its own size. So the rule needs no prompt: the
-    /// door applies it exactly, before the body is read.
-    fn judge(s: &State, free: usize, class: Class, n: usize) -> Result<(), Refusal> {
-        let l = s.load;
-        let c = class.index();
-        let bounds = s.bounds[c];
-        let (ahead, ahead_tokens) = l.ahead_of(class);
-        let refuse = |bound| Refusal {
-            bound,
-            waiting: ahead,
-            waiting_tokens: ahead_tokens,
-            rates: s.rates,
-            bounds,
-        };
-        if l.waiting[c] + n > free + bounds.queue_depth_max {
-            return Err(refuse(QueueBound::Requests));
-        }
-        // Free slots take requests at once: only one that must wait is judged
-        // by what waits ahead of it.
-        let would_wait = l.waiting[c] + n > free;
-        if would_wait && l.waiting_tokens[c] > bounds.queued_tokens_max {
-            return Err(refuse(QueueBound::Tokens));
-        }
-        Ok(())
-    }
-
-    /// A request left its queue for a slot: it holds the slot as long as it
-    /// holds the guard.
-    pub fn started(self: &Arc<Self>, class: Class, prompt_tokens: usize) -> Slot {
-        let mut s = self.lock();
-        let c = class.index();
-        let l = &mut s.load;
-        assert!(
-            l.waiting[c] > 0 && l.waiting_tokens[c] >= prompt_tokens,
-            "start without reserve"
-        );
-        l.running[c] += 1;
-        l.waiting[c] -= 1;
-        l.waiting_tokens[c] -= prompt_tokens;
-        self.publish(&s.load);
-        Slot {
-            gauge: Arc::clone(self),
-            class,
-        }
-    }
-
-    /// A running request ended (completed, failed or cancelled) and freed its
-    /// slot: its `Slot` was dropped.
-    fn finished(&self, class: Class) {
-        let mut s = self.lock();
-        let l = &mut s.load;
-        assert!(l.running[class.index()] > 0, "finish without start");
-        l.running[class.index()] -= 1;
-        self.publish(&s.load);
-    }
-
-    /// A reserved request left without a slot: it never reached the engine, or
-    /// the engine refused it at dequeue (shed, deadline passed).
-    pub fn dropped(&self, class: Class, prompt_tokens: usize) {
-        let mut s = self.lock();
-        let c = class.index();
-        let l = &mut s.load;
-        assert!(l.waiting[c] > 0, "drop without reserve");
-        l.waiting[c] -= 1;
-        l.waiting_tokens[c] -= prompt_tokens;
-        self.publish(&s.load);
-    }
-
-    /// The engine measured new rates: the bounds follow them.
-    pub fn set_rates(&self, rates: Rates) {
-        let mut s = self.lock();
-        s.rates = rates;
-        s.derive(&self.policies);
-    }
-
-    /// A request completed, having prefilled `prompt_tokens` and generated
-    /// `generated_tokens`: μ_req, and so L_max, follow the work that arrives.
-    pub fn observe_request(&self, prompt_tokens: usize, generated_tokens: usize) {
-        let mut s = self.lock();
-        s.mix.observe(prompt_tokens, generated_tokens);
-        s.derive(&self.policies);
-    }
-
-    /// The typical request the bounds are derived from now.
-    pub fn typical(&self) -> Typical {
-        self.lock().mix.typical()
-    }
-
-    /// The rates and each class's bounds in force now.
-    pub fn snapshot(&self) -> (Rates, [Bounds; Class::COUNT]) {
-        let s = self.lock();
-        (s.rates, s.bounds)
-    }
-
-    /// Seconds a client of `class` refused now should wait (for 503s sent by
-    /// the engine).
-    pub fn retry_after_s(&self, class: Class) -> u64 {
-        let s = self.lock();
-        let (ahead, tokens) = s.load.ahead_of(class);
-        retry_after_s(ahead, tokens, s.rates, s.bounds[class.index()])
-    }
-
-    fn publish(&self, l: &Load) {
-        for c in 0..Class::COUNT {
-            self.waiting[c].store(l.waiting[c], Ordering::Relaxed);
-            self.waiting_tokens[c].store(l.waiting_tokens[c], Ordering::Relaxed);
-        }
-    }
-
-    /// Requests of `class` waiting for a slot.
-    pub fn queued_requests(&self, class: Class) -> usize {
-        self.waiting[class.index()].load(Ordering::Relaxed)
-    }
-
-    pub fn queued_tokens(&self, class: Class) -> usize {
-        self.waiting_tokens[class.index()].load(Ordering::Relaxed)
-    }
-}
-
-/// A running request's hold on its slot (`QueueGauge::started`): dropping it
-/// (the sequence completed, failed or was cancelled) frees the slot in the
-/// gate's count, so the count cannot miss an end.
-pub struct Slot {
-    gauge: Arc<QueueGauge>,
-    class: Class,
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.gauge.finished(self.class);
-    }
-}
-
-/// Why the gate said no, and what it saw.
-#[derive(Debug, Clone, Copy)]
-struct Refusal {
-    bound: QueueBound,
-    waiting: usize,
-    waiting_tokens: usize,
-    rates: Rates,
-    bounds: Bounds,
-}
-
 /// Each class's queue, for the engine: receivers indexed by `Class::index`.
 pub type Queues = [Receiver<Job>; Class::COUNT];
 
@@ -545,8 +239,8 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// Creates one queue per class; the receivers and the gauge go to the
-    /// engine. The gate never lets more of a class wait than the slots plus its
+    /// Creates one queue per class; the receivers and the reporter go to the
+    /// engine, the gauge to the handlers (and `/metrics`). The gate never lets more of a class wait than the slots plus its
     /// live L_max, and L_max never exceeds its ceiling, so each channel, sized
     /// for the ceiling, never refuses a request the gate admitted.
     pub fn new(
@@ -555,21 +249,34 @@ impl Admission {
         rates: Rates,
         policies: [Policy; Class::COUNT],
         metrics: Arc<Metrics>,
-    ) -> (Admission, Queues, Arc<QueueGauge>) {
+    ) -> (Admission, Queues, Arc<QueueGauge>, Reporter) {
         assert!(slots >= 1);
-        let channels = policies.map(|p| {
+        let capacities = policies.map(|p| {
             let ceiling = p.queue_depth_ceiling();
             assert!(ceiling >= 1);
-            bounded(slots + ceiling)
+            slots + ceiling
         });
-        let [(tx_i, rx_i), (tx_b, rx_b)] = channels;
-        let gauge = Arc::new(QueueGauge::new(slots, batch_slots, rates, policies));
+        let [(tx_i, rx_i), (tx_b, rx_b)] = capacities.map(bounded);
+        let alive_max = slots + capacities.iter().sum::<usize>();
+        let (reports_tx, reports_rx) = bounded(report::reports_capacity(alive_max));
+        let gauge = Arc::new(QueueGauge::new(
+            slots,
+            batch_slots,
+            rates,
+            policies,
+            reports_rx,
+            Arc::clone(&metrics),
+        ));
+        let reporter = Reporter {
+            tx: reports_tx,
+            metrics: Arc::clone(&metrics),
+        };
         let admission = Admission {
             tx: [tx_i, tx_b],
             gauge: Arc::clone(&gauge),
             metrics,
         };
-        (admission, [rx_i, rx_b], gauge)
+        (admission, [rx_i, rx_b], gauge, reporter)
     }
 
     /// The door's check, before a request's body is read: refuses it when

@@ -29,12 +29,49 @@ fn refused_requests_are_promised_return_times_one_service_time_apart() {
     assert_eq!(ms(g.promise_at(I, 1.0, later)), 60_000);
 }
 
-fn gauge(slots: usize, depth: usize, tokens: usize) -> Arc<QueueGauge> {
+fn gauge(slots: usize, depth: usize, tokens: usize) -> Both {
     let p = Policy {
         queued_tokens_max: Some(tokens),
         ..policy(5000, Some(depth))
     };
-    Arc::new(QueueGauge::new(slots, slots, RATES, [p, p]))
+    new_gauge(slots, slots, RATES, [p, p])
+}
+
+/// The gate and the engine's reporter, as `Admission::new` wires them: what
+/// the tests tell the engine's side goes through the reports.
+struct Both {
+    gauge: QueueGauge,
+    reporter: Reporter,
+}
+
+impl std::ops::Deref for Both {
+    type Target = QueueGauge;
+    fn deref(&self) -> &QueueGauge {
+        &self.gauge
+    }
+}
+
+impl Both {
+    fn started(&self, class: Class, tokens: usize) -> Slot {
+        self.reporter.started(class, tokens)
+    }
+
+    fn set_rates(&self, rates: Rates) {
+        self.reporter.set_rates(rates);
+    }
+
+    fn observe_request(&self, prefilled: usize, generated: usize) {
+        self.reporter.observe_request(prefilled, generated);
+    }
+}
+
+fn new_gauge(slots: usize, batch_slots: usize, rates: Rates, p: [Policy; Class::COUNT]) -> Both {
+    let (tx, rx) = bounded(report::reports_capacity(slots + 2 * 9 + 2 * slots));
+    let metrics = Arc::new(Metrics::default());
+    Both {
+        gauge: QueueGauge::new(slots, batch_slots, rates, p, rx, Arc::clone(&metrics)),
+        reporter: Reporter { tx, metrics },
+    }
 }
 
 const I: Class = Class::Interactive;
@@ -140,7 +177,7 @@ fn the_choices_of_one_request_are_admitted_together_or_not_at_all() {
 #[test]
 fn the_live_bound_follows_the_measured_rates() {
     // Derived bounds: 1 slot, L_max = ceil(0.667 * 5) = 4.
-    let g = QueueGauge::new(1, 1, RATES, [policy(5000, None); 2]);
+    let g = new_gauge(1, 1, RATES, [policy(5000, None); 2]);
     assert_eq!(g.snapshot().1[0].queue_depth_max, 4);
     for _ in 0..5 {
         assert!(g.reserve(I, 1, 10).is_ok());
@@ -175,7 +212,7 @@ fn the_live_bound_follows_the_measured_rates() {
 #[test]
 fn the_bound_follows_the_mix_of_requests_that_complete() {
     // Seeded with 100 + 150 tokens: 1.5 s per request, L_max = ceil(0.667 * 5) = 4.
-    let g = QueueGauge::new(1, 1, RATES, [policy(5000, None); 2]);
+    let g = new_gauge(1, 1, RATES, [policy(5000, None); 2]);
     assert_eq!(g.snapshot().1[0].queue_depth_max, 4);
     // Requests of 40 prefilled + 30 generated tokens: 0.4 s each, L_max 13 -> 9.
     for _ in 0..200 {
@@ -195,7 +232,7 @@ fn the_bound_follows_the_mix_of_requests_that_complete() {
     }
     assert_eq!(g.snapshot().1[0].queue_depth_max, 2);
     // The operator's depth is never overridden.
-    let g = QueueGauge::new(1, 1, RATES, [policy(5000, Some(3)); 2]);
+    let g = new_gauge(1, 1, RATES, [policy(5000, Some(3)); 2]);
     g.observe_request(1, 1);
     assert_eq!(g.snapshot().1[0].queue_depth_max, 3);
 }
@@ -204,7 +241,7 @@ fn the_bound_follows_the_mix_of_requests_that_complete() {
 fn each_class_has_its_own_queue_and_batch_leaves_the_reserved_slots_free() {
     // 3 slots, batch may hold 2 of them; L_max 2 for each class.
     let p = policy(5000, Some(2));
-    let g = Arc::new(QueueGauge::new(3, 2, RATES, [p, p]));
+    let g = new_gauge(3, 2, RATES, [p, p]);
     for _ in 0..4 {
         assert!(g.reserve(B, 1, 10).is_ok(), "2 batch slots + 2 waiting");
     }
@@ -230,7 +267,7 @@ fn each_class_has_its_own_queue_and_batch_leaves_the_reserved_slots_free() {
 #[test]
 fn interactive_requests_waiting_take_the_free_slots_before_batch() {
     let p = policy(5000, Some(1));
-    let g = Arc::new(QueueGauge::new(2, 2, RATES, [p, p]));
+    let g = new_gauge(2, 2, RATES, [p, p]);
     assert!(g.reserve(I, 1, 10).is_ok());
     assert!(g.reserve(I, 1, 10).is_ok());
     assert!(
@@ -248,4 +285,62 @@ fn interactive_requests_waiting_take_the_free_slots_before_batch() {
     assert!(g.reserve(B, 1, 10).is_ok());
     assert!(g.reserve(B, 1, 10).is_ok());
     assert!(g.reserve(B, 1, 10).is_ok(), "2 free slots + 1 waiting");
+}
+
+#[test]
+fn the_engine_reports_are_applied_in_order_before_the_next_judgement() {
+    // One slot, nothing may wait: the engine's reports decide whether the
+    // next request fits, and the gate applies them when it is taken.
+    let g = gauge(1, 0, 1000);
+    assert!(g.reserve(I, 1, 10).is_ok(), "the free slot");
+    let slot = g.started(I, 10);
+    assert!(g.reserve(I, 1, 10).is_err(), "the slot is taken");
+    drop(slot); // sent before the next request is judged: applied first
+    assert!(g.reserve(I, 1, 10).is_ok());
+    g.reporter.dropped(I, 10);
+    assert_eq!(g.queued_requests(I), 0);
+    assert_eq!(g.queued_tokens(I), 0);
+    // What the prefix cache and the running sequences hold, too.
+    let prompt: Vec<crate::ffi::Token> = (0..40).collect();
+    assert_eq!(g.reusable(&prompt), 0);
+    g.reporter.prefix_cached(vec![prompt[..30].into()]);
+    assert_eq!(g.reusable(&prompt), 30);
+    g.reporter.prefix_cached(Vec::new());
+    g.reporter.prefix_running(2, prompt[..20].into());
+    assert_eq!(g.reusable(&prompt), 20);
+    g.reporter.prefix_ended(2);
+    assert_eq!(g.reusable(&prompt), 0);
+    assert_eq!(
+        g.reporter
+            .metrics
+            .admission_reports_lost
+            .load(Ordering::Relaxed),
+        0
+    );
+}
+
+#[test]
+fn every_report_of_the_requests_alive_fits_the_channel() {
+    // The wiring's capacity: 4 slots, a ceiling of 9 per class.
+    let policies = [policy(5000, None); 2];
+    let metrics = Arc::new(Metrics::default());
+    let (admission, _jobs, gauge, reporter) =
+        Admission::new(4, 4, RATES, policies, Arc::clone(&metrics));
+    let alive = 4 + 2 * (4 + 9);
+    // Every request alive reports its whole life (10 reports, more than the
+    // engine sends for one) without the gate being taken: the engine never
+    // finds the channel full.
+    for _ in 0..alive {
+        drop(reporter.started(I, 1));
+        reporter.observe_request(1, 1);
+        reporter.prefix_running(0, vec![1, 2, 3].into());
+        reporter.prefix_ended(0);
+        reporter.prefix_cached(Vec::new());
+        reporter.prefix_running(1, vec![1].into());
+        reporter.prefix_ended(1);
+        reporter.prefix_cached(Vec::new());
+        reporter.prefix_cached(Vec::new());
+    }
+    assert_eq!(metrics.admission_reports_lost.load(Ordering::Relaxed), 0);
+    drop((admission, gauge));
 }

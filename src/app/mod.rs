@@ -10,7 +10,7 @@ use crate::embed::Pooling;
 use crate::engine;
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
-use crate::engine::prefix::{PrefixCache, PrefixIndex};
+use crate::engine::prefix::PrefixCache;
 use crate::ffi::{self, Model};
 use crate::grammar::Grammars;
 use crate::http::prompt::Prompter;
@@ -220,7 +220,7 @@ fn queues(
     n_ctx: usize,
 ) -> Result<Serving, String> {
     let policies = Class::ALL.map(|c| cfg.policy(c));
-    let (admission, jobs, gauge) = Admission::new(
+    let (admission, jobs, gauge, reporter) = Admission::new(
         cfg.parallel,
         cfg.batch_slots(),
         rates,
@@ -230,10 +230,9 @@ fn queues(
     report::admission(cfg, &gauge, rates, n_ctx);
     report::policies(cfg);
     let prefix = PrefixCache::new(cfg.prefix_cache_mb << 20);
-    let prefix_index = prefix.index();
     engine.wire(engine::Wiring {
         jobs,
-        queue: Arc::clone(&gauge),
+        queue: reporter,
         cost,
         prefix,
     })?;
@@ -241,7 +240,6 @@ fn queues(
         admission,
         gauge,
         metrics: Arc::clone(metrics),
-        prefix: prefix_index,
         n_ctx,
     })
 }
@@ -279,7 +277,6 @@ struct Serving {
     admission: Admission,
     gauge: Arc<QueueGauge>,
     metrics: Arc<Metrics>,
-    prefix: Arc<PrefixIndex>,
     /// The cells one request may use (the engine's, from its context).
     n_ctx: usize,
 }
@@ -305,7 +302,6 @@ fn app_state(
         pooling: loaded.pooling,
         pooling_source: loaded.pooling_source,
         grammars: loaded.grammars,
-        prefix: serving.prefix,
         admission: serving.admission,
         queue: serving.gauge,
         metrics: serving.metrics,

@@ -299,7 +299,7 @@ impl Engine {
         let slot = match (source, self.parked_slot()) {
             (Some(Source::Parked), Some(parked)) => {
                 self.parked = None;
-                self.prefix.index().clear_running(parked);
+                self.queue.prefix_ended(parked);
                 ctx.truncate_sequence(parked as i32, reuse as i32);
                 parked
             }
@@ -493,20 +493,13 @@ impl Engine {
             }
             Dropped::Shed(reason) => {
                 by_class.shed.fetch_add(1, Ordering::Relaxed);
-                let retry_after_s = self.queue.retry_after_s(class);
                 let counter = match reason {
                     ShedReason::Sojourn => &self.metrics.shed_sojourn,
                     ShedReason::TtftBudget => &self.metrics.shed_ttft_budget,
                 };
-                let kind = ErrorKind::Shed {
-                    reason,
-                    retry_after_s,
-                };
-                (
-                    counter,
-                    kind,
-                    format!("{message}; retry after {retry_after_s} s"),
-                )
+                // When to come back is admission's to say (the handler asks
+                // the gate).
+                (counter, ErrorKind::Shed { reason }, message)
             }
         };
         counter.fetch_add(1, Ordering::Relaxed);

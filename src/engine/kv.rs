@@ -77,7 +77,7 @@ impl Engine {
     /// Frees the parked sequence's cells and takes them out of the index.
     pub(super) fn clear_parked(&mut self, ctx: &mut Context) {
         ctx.clear_sequence(self.parked_seq);
-        self.prefix.index().clear_running(self.parked_seq as usize);
+        self.queue.prefix_ended(self.parked_seq as usize);
     }
 
     pub(super) fn release_kv(&mut self, ctx: &mut Context, slot: usize, keep: bool) {
@@ -94,7 +94,7 @@ impl Engine {
             KvLayout::PerSequence => (tokens.len(), true),
         };
         let seq_id = slot as i32;
-        self.prefix.index().clear_running(slot);
+        self.queue.prefix_ended(slot);
         let others_decoding = self
             .slots
             .iter()
@@ -127,9 +127,8 @@ impl Engine {
                     // The cells stay where they are, in the slot's own stream.
                     KvLayout::PerSequence => seq_id,
                 };
-                self.prefix
-                    .index()
-                    .set_running(self.parked_seq as usize, tokens.clone().into());
+                self.queue
+                    .prefix_running(self.parked_seq as usize, tokens.clone().into());
                 self.parked = Some(tokens);
                 self.parked_runs = runs;
             } else {
@@ -150,6 +149,16 @@ impl Engine {
         self.kv_cells_reserved -= cells;
         if seq.job.class == Class::Batch {
             self.batch_kv_cells_reserved -= cells;
+        }
+        // Before the client hears the end: its next request is judged with
+        // what this one left in the cache.
+        self.report_prefixes();
+    }
+
+    /// Tells admission the prefix cache's entries, if they changed.
+    pub(super) fn report_prefixes(&mut self) {
+        if let Some(tokens) = self.prefix.take_changed() {
+            self.queue.prefix_cached(tokens);
         }
     }
 

@@ -25,7 +25,7 @@ pub mod prefix;
 pub mod sample;
 pub mod text;
 
-use crate::admission::{Job, QueueGauge, Queues, Slot, Task};
+use crate::admission::{Job, Queues, Reporter, Slot, Task};
 use crate::embed::Pooler;
 use crate::ffi::{self, Batch, Context, KvLayout, Model, Token};
 use crate::metrics::Metrics;
@@ -181,11 +181,11 @@ impl Seq {
 }
 
 /// What the engine is handed once admission exists: its queues, admission's
-/// gauge (told of starts, ends and measured rates), the cost model seeded by
-/// calibration, and the prefix cache (whose index the handlers hold).
+/// reporter (told of starts, ends, measured rates and what the prefix cache
+/// holds), the cost model seeded by calibration, and the prefix cache.
 pub struct Wiring {
     pub jobs: Queues,
-    pub queue: Arc<QueueGauge>,
+    pub queue: Reporter,
     pub cost: CostModel,
     pub prefix: PrefixCache,
 }
@@ -243,6 +243,9 @@ pub fn run(
         engine.reap(&mut ctx);
         engine.deliver_outboxes(&mut ctx);
         engine.save_parked_when_quiet(&mut ctx);
+        // Entries restored, evicted or saved since: admission's estimate
+        // follows within one turn.
+        engine.report_prefixes();
         let closed = if engine.shutdown.is_shutdown() {
             engine.refuse_queued(&jobs)
         } else {
@@ -312,9 +315,9 @@ struct Engine {
     admitted: u64,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
-    /// Admission's count of the load: told when a job gets a slot and when it
-    /// leaves it, and the rates the cost model measures.
-    queue: Arc<QueueGauge>,
+    /// Admission's reporter: told when a job gets a slot and when it leaves
+    /// it, the rates the cost model measures, and what the prefix cache holds.
+    queue: Reporter,
     /// CoDel per class.
     codel: [Option<Codel>; Class::COUNT],
     cost: CostModel,

@@ -23,33 +23,20 @@
 //! wait for cells, and a restore that cannot be done (it would need more cells
 //! than the request reserved) only means the prompt is prefilled.
 //!
-//! Pure bookkeeping: the engine copies the states in and out.
-//! [`PrefixIndex`] is the copy the HTTP handlers read, to charge a request only
+//! Pure bookkeeping: the engine copies the states in and out, and sends the
+//! entries' tokens to admission when they change (`take_changed`), whose copy
+//! (`admission::prefixes`) estimates a new request's reuse, to charge it only
 //! for the prompt tokens that will really be prefilled.
 
 use crate::ffi::Token;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Host memory the entries may take by default, in MiB: ~4,300 tokens of the
 /// default model's state (three 1,500-token conversations). With 256, sluice's
 /// RSS after a closed loop and a conversation at defaults was 561-633 MB
 /// against llama-server's 497-502 (bench/results/2026-12-01-vm/rss-at-defaults-256).
 pub const PREFIX_CACHE_MB_DEFAULT: usize = 96;
-/// Fewest tokens worth restoring an entry for: below this, prefilling them
-/// costs about what copying the entry's whole state back would.
-pub const REUSE_TOKENS_MIN: usize = 16;
-
-/// Tokens two sequences share from their first.
-pub fn common_prefix(a: &[Token], b: &[Token]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// How much of `prompt` may be reused from a source that shares `common` tokens
-/// with it: its last token is always decoded again, since the first generated
-/// token is sampled from its logits.
-pub fn reusable(common: usize, prompt_tokens: usize) -> usize {
-    common.min(prompt_tokens.saturating_sub(1))
-}
+pub use crate::admission::prefixes::{common_prefix, reusable, REUSE_TOKENS_MIN};
 
 /// An entry's key: stable while it is cached.
 pub type EntryId = u64;
@@ -75,7 +62,8 @@ pub struct PrefixCache {
     bytes: usize,
     bytes_max: usize,
     clock: u64,
-    index: Arc<PrefixIndex>,
+    /// The entries changed since `take_changed` last said.
+    changed: bool,
 }
 
 impl PrefixCache {
@@ -86,13 +74,16 @@ impl PrefixCache {
             bytes: 0,
             bytes_max,
             clock: 0,
-            index: Arc::new(PrefixIndex::default()),
+            changed: false,
         }
     }
 
-    /// The handlers' view, kept up to date by this cache.
-    pub fn index(&self) -> Arc<PrefixIndex> {
-        Arc::clone(&self.index)
+    /// The entries' tokens, if they changed since the last call.
+    pub fn take_changed(&mut self) -> Option<Vec<Arc<[Token]>>> {
+        if !std::mem::take(&mut self.changed) {
+            return None;
+        }
+        Some(self.entries.iter().map(|e| Arc::clone(&e.tokens)).collect())
     }
 
     pub fn is_enabled(&self) -> bool {
@@ -197,61 +188,8 @@ impl PrefixCache {
         Some(e.tokens.len())
     }
 
-    fn publish(&self) {
-        let tokens = self.entries.iter().map(|e| Arc::clone(&e.tokens)).collect();
-        self.index.set_cached(tokens);
-    }
-}
-
-/// What the handlers see of the cache: the entries' tokens and the prompts of
-/// running sequences, to estimate before admission how much of a prompt will
-/// be reused (the engine decides again when the request starts).
-#[derive(Debug, Default)]
-pub struct PrefixIndex {
-    cached: Mutex<Vec<Arc<[Token]>>>,
-    running: Mutex<Vec<(usize, Arc<[Token]>)>>,
-}
-
-impl PrefixIndex {
-    fn set_cached(&self, tokens: Vec<Arc<[Token]>>) {
-        *self.cached.lock().expect("prefix index") = tokens;
-    }
-
-    /// A running sequence in `slot` has its whole prompt in the KV cache.
-    pub fn set_running(&self, slot: usize, prompt: Arc<[Token]>) {
-        let mut r = self.running.lock().expect("prefix index");
-        r.retain(|(s, _)| *s != slot);
-        r.push((slot, prompt));
-    }
-
-    /// The sequence in `slot` ended.
-    pub fn clear_running(&self, slot: usize) {
-        self.running
-            .lock()
-            .expect("prefix index")
-            .retain(|(s, _)| *s != slot);
-    }
-
-    /// Prompt tokens of `prompt` that would be reused if it started now.
-    pub fn reusable(&self, prompt: &[Token]) -> usize {
-        let cached = self
-            .cached
-            .lock()
-            .expect("prefix index")
-            .iter()
-            .map(|t| common_prefix(t, prompt))
-            .filter(|&n| n >= REUSE_TOKENS_MIN)
-            .max()
-            .unwrap_or(0);
-        let running = self
-            .running
-            .lock()
-            .expect("prefix index")
-            .iter()
-            .map(|(_, t)| common_prefix(t, prompt))
-            .max()
-            .unwrap_or(0);
-        reusable(cached.max(running), prompt.len())
+    fn publish(&mut self) {
+        self.changed = true;
     }
 }
 
@@ -279,16 +217,6 @@ mod tests {
         // A state larger than the whole bound evicts nothing.
         assert_eq!(c.make_room(&[1], 101).evicted_tokens, 0);
         assert_eq!(c.len(), 2);
-    }
-
-    #[test]
-    fn the_last_prompt_token_is_always_decoded_again() {
-        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
-        assert_eq!(common_prefix(&[1, 2], &[1, 2, 4]), 2);
-        assert_eq!(common_prefix(&[5], &[1]), 0);
-        assert_eq!(reusable(3, 3), 2, "the same prompt again");
-        assert_eq!(reusable(2, 10), 2);
-        assert_eq!(reusable(0, 1), 0);
     }
 
     #[test]
@@ -348,22 +276,12 @@ mod tests {
     }
 
     #[test]
-    fn the_index_follows_the_cache_and_the_running_prompts() {
+    fn changes_are_told_once() {
         let mut c = PrefixCache::new(1000);
-        let index = c.index();
-        let long: Vec<Token> = (0..40).collect();
-        assert_eq!(index.reusable(&long), 0);
-        c.insert(long[..30].to_vec(), state(10));
-        assert_eq!(index.reusable(&long), 30);
-        assert_eq!(index.reusable(&long[..30]), 29, "not the last token");
-        assert_eq!(
-            index.reusable(&long[..10]),
-            0,
-            "under REUSE_TOKENS_MIN: not restored"
-        );
-        index.set_running(0, long[..10].into());
-        assert_eq!(index.reusable(&long[..12]), 10, "shared in place");
-        index.clear_running(0);
-        assert_eq!(index.reusable(&long[..12]), 0);
+        assert_eq!(c.take_changed(), None);
+        c.insert(vec![1, 2, 3], state(10));
+        let told = c.take_changed().expect("an entry came");
+        assert_eq!(&told[0][..], &[1, 2, 3]);
+        assert_eq!(c.take_changed(), None, "told already");
     }
 }

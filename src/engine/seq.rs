@@ -42,9 +42,8 @@ impl Engine {
                 .record_prefill_done(prompt_len, seq.job.enqueued_at.elapsed());
             // Per sequence, a running sequence's cells are not shared.
             if self.prefix.is_enabled() && self.cfg.kv_layout == KvLayout::Unified {
-                self.prefix
-                    .index()
-                    .set_running(slot, Arc::from(&seq.job.prompt[..]));
+                self.queue
+                    .prefix_running(slot, Arc::from(&seq.job.prompt[..]));
             }
             if seq.job.echo_logprobs() {
                 let logprobs = std::mem::take(&mut seq.prompt_logprobs);

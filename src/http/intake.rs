@@ -186,7 +186,15 @@ impl<'a> Intake<'a> {
         cancel: Vec<CancelFlag>,
     ) -> reply::Waiter {
         let probe = self.probe.take();
-        reply::Waiter::new(self.state, self.t0, ask.timeout_ms, rx, cancel, probe)
+        reply::Waiter::new(
+            self.state,
+            self.t0,
+            ask.timeout_ms,
+            ask.class,
+            rx,
+            cancel,
+            probe,
+        )
     }
 
     /// The request's log line.

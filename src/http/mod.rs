@@ -32,7 +32,6 @@ pub mod validation;
 use crate::admission::{Admission, QueueGauge};
 use crate::config::Config;
 use crate::door::{self, Door};
-use crate::engine::prefix::PrefixIndex;
 use crate::ffi;
 use crate::metrics::Metrics;
 use crate::ratelimit::RateLimiter;
@@ -84,11 +83,10 @@ pub struct AppState {
     pub n_embd: usize,
     /// Structured output over this model's vocabulary, or why there is none.
     pub grammars: Result<Arc<crate::grammar::Grammars>, String>,
-    /// What the prefix cache holds: a request is charged (client bucket,
-    /// queued-token budget) only for the prompt tokens it will prefill.
-    pub prefix: Arc<PrefixIndex>,
     pub admission: Admission,
-    /// What is waiting in admission, and the bounds (for `/metrics`).
+    /// What is waiting in admission, and the bounds (for `/metrics`), and
+    /// what the prefix cache holds: a request is charged (client bucket,
+    /// queued-token budget) only for the prompt tokens it will prefill.
     pub queue: Arc<QueueGauge>,
     pub metrics: Arc<Metrics>,
     pub http_threads: usize,

@@ -9,8 +9,10 @@ use super::openai::Meta;
 use super::tools::{self, Answer, AnswerDelta, AnswerStream};
 use super::validation::{Api, ValidRequest};
 use super::{outcome_of_error, respond_error, respond_json, sse, Outcome};
+use crate::admission::QueueGauge;
 use crate::ffi;
 use crate::metrics::Metrics;
+use crate::priority::Class;
 use crate::stream::{
     CancelFlag, CancelReason, ErrorKind, Event, FinishReason, TokenLogprob, Usage,
 };
@@ -38,6 +40,10 @@ pub(super) struct Waiter {
     pub(super) probed_at: std::cell::Cell<Instant>,
     pub(super) cancel: Vec<CancelFlag>,
     pub(super) metrics: Arc<Metrics>,
+    /// The request's class and admission's gate: a shed request is told when
+    /// to come back.
+    pub(super) class: Class,
+    pub(super) queue: Arc<QueueGauge>,
     /// `--sse-keep-alive-ms`.
     pub(super) keep_alive: Duration,
 }
@@ -49,6 +55,7 @@ impl Waiter {
         state: &super::AppState,
         t0: Instant,
         timeout_ms: u64,
+        class: Class,
         rx: Vec<Receiver<Event>>,
         cancel: Vec<CancelFlag>,
         probe: Option<std::os::fd::OwnedFd>,
@@ -64,6 +71,8 @@ impl Waiter {
             probed_at: std::cell::Cell::new(t0),
             cancel,
             metrics: Arc::clone(&state.metrics),
+            class,
+            queue: Arc::clone(&state.queue),
         }
     }
 
@@ -125,7 +134,9 @@ impl Waiter {
             let open: Vec<usize> = (0..self.rx.len()).filter(|&i| !ended[i]).collect();
             for &i in &open {
                 match self.rx[i].try_recv() {
-                    Ok(Event::Error { kind, message }) => return Err(engine_error(kind, message)),
+                    Ok(Event::Error { kind, message }) => {
+                        return Err(self.engine_error(kind, message))
+                    }
                     Ok(event) => return Ok(Some((i, event))),
                     Err(TryRecvError::Empty) => {}
                     Err(TryRecvError::Disconnected) => return Err(self.stopped()),
@@ -168,20 +179,23 @@ impl Waiter {
     }
 }
 
-/// An engine refusal or failure as the client's error.
-fn engine_error(kind: ErrorKind, message: String) -> ApiError {
-    match kind {
-        ErrorKind::Engine => ApiError::Engine { message },
-        ErrorKind::Shed {
-            reason,
-            retry_after_s,
-        } => ApiError::Shed {
-            reason,
-            message,
-            retry_after_s,
-        },
-        ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
-        ErrorKind::Shutdown => ApiError::ShuttingDown,
+impl Waiter {
+    /// An engine refusal or failure as the client's error; a shed request is
+    /// told when to come back by the gate.
+    fn engine_error(&self, kind: ErrorKind, message: String) -> ApiError {
+        match kind {
+            ErrorKind::Engine => ApiError::Engine { message },
+            ErrorKind::Shed { reason } => {
+                let retry_after_s = self.queue.retry_after_s(self.class);
+                ApiError::Shed {
+                    reason,
+                    message: format!("{message}; retry after {retry_after_s} s"),
+                    retry_after_s,
+                }
+            }
+            ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
+            ErrorKind::Shutdown => ApiError::ShuttingDown,
+        }
     }
 }
 

@@ -39,7 +39,7 @@ pub(super) fn generate(state: &AppState, req: Request, api: Api) {
     let cached_estimate = if gen.echo_logprobs {
         0
     } else {
-        state.prefix.reusable(&prompt)
+        state.queue.reusable(&prompt)
     };
     // The client's bucket pays for the work the request may ask for: each
     // choice is a sequence of its own.

@@ -102,6 +102,12 @@ pub struct Metrics {
     pub rejected_before_parsing: AtomicU64,
     /// Prompts templated and tokenized (completions, chat, embeddings).
     pub prompts_tokenized: AtomicU64,
+    /// Reports of the engine's to admission that found their channel full
+    /// (`admission::Reporter`; sized so that this stays 0).
+    pub admission_reports_lost: AtomicU64,
+    /// The engine's measured prefill and decode rates, tokens per second, as
+    /// f64 bits (0: none published yet); the gate reads them.
+    rates_bits: [AtomicU64; 2],
     /// Requests from clients that came back before their Retry-After.
     pub retried_early: AtomicU64,
     /// Requests refused by validation (4xx).
@@ -187,6 +193,8 @@ impl Default for Metrics {
             rejected_token_budget: AtomicU64::new(0),
             rejected_before_parsing: AtomicU64::new(0),
             prompts_tokenized: AtomicU64::new(0),
+            admission_reports_lost: AtomicU64::new(0),
+            rates_bits: Default::default(),
             retried_early: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
             completed: AtomicU64::new(0),
@@ -269,6 +277,21 @@ impl Metrics {
     }
 
     /// The engine loop turned: it is alive.
+    /// The engine's measured rates, tokens per second (prefill, decode).
+    pub fn publish_rates(&self, prefill_tok_s: f64, decode_tok_s: f64) {
+        self.rates_bits[0].store(prefill_tok_s.to_bits(), Ordering::Relaxed);
+        self.rates_bits[1].store(decode_tok_s.to_bits(), Ordering::Relaxed);
+    }
+
+    /// The rates the engine published last, if it has.
+    pub fn rates(&self) -> Option<(f64, f64)> {
+        let [p, d] = self
+            .rates_bits
+            .each_ref()
+            .map(|b| b.load(Ordering::Relaxed));
+        (p != 0 && d != 0).then(|| (f64::from_bits(p), f64::from_bits(d)))
+    }
+
     pub fn beat(&self) {
         let ms = self.epoch.elapsed().as_millis() as u64;
         self.heartbeat_ms.store(ms, Ordering::Relaxed);

@@ -74,6 +74,12 @@ impl Metrics {
         );
         counter(
             out,
+            "sluice_admission_reports_lost_total",
+            "Reports of the engine's to admission dropped because their channel was full (sized so that this stays 0).",
+            l(&self.admission_reports_lost),
+        );
+        counter(
+            out,
             "sluice_requests_retried_early_total",
             "Requests from clients that came back before their Retry-After: refused with a longer wait, held back before the answer.",
             l(&self.retried_early),

@@ -183,6 +183,10 @@ fn under_kv_and_memory_pressure_entries_are_evicted_and_every_request_completes(
         bytes > 0.0 && bytes <= 20.0 * 1048576.0,
         "cached {bytes} bytes"
     );
+    // Every start, end and cache change reached admission's gate: nothing
+    // queued or running is left in its count, and no report was lost.
+    assert_eq!(srv.metric("sluice_admission_reports_lost_total"), 0.0);
+    assert_eq!(srv.metric("sluice_queue_depth"), 0.0);
 }
 
 #[test]

@@ -1,0 +1,324 @@
+//! The gate: what waits and runs in each class, the rates and the mix the
+//! bounds are derived from, the return times promised to refused clients, and
+//! what a new prompt could reuse. The handlers hold it, behind a mutex held
+//! for microseconds by whichever judges; the engine never touches it: it
+//! reports (`report.rs`), and whoever takes the gate applies the reports
+//! first (`lock`).
+
+use super::prefixes::PrefixIndex;
+use super::report::Report;
+use super::*;
+use crate::ffi::Token;
+
+/// What is in the system now, per class (`Class::index`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Load {
+    /// In a slot.
+    running: [usize; Class::COUNT],
+    /// Admitted and waiting for a slot.
+    waiting: [usize; Class::COUNT],
+    /// Prompt tokens of the ones waiting.
+    waiting_tokens: [usize; Class::COUNT],
+}
+
+impl Load {
+    fn running_total(&self) -> usize {
+        self.running.iter().sum()
+    }
+
+    /// Requests and prompt tokens that wait ahead of a new request of `class`:
+    /// those of its own class and of every class above it.
+    fn ahead_of(&self, class: Class) -> (usize, usize) {
+        let n = class.index() + 1;
+        (
+            self.waiting[..n].iter().sum(),
+            self.waiting_tokens[..n].iter().sum(),
+        )
+    }
+
+    /// A reserved place given up without a slot.
+    fn drop_waiting(&mut self, class: Class, tokens: usize) {
+        let c = class.index();
+        assert!(self.waiting[c] > 0, "drop without reserve");
+        self.waiting[c] -= 1;
+        self.waiting_tokens[c] -= tokens;
+    }
+}
+
+/// The gate's view of the queues, held by the handlers; the engine reports
+/// when a request gets its slot and when it leaves it, and publishes the
+/// rates it measures. A request of a class is refused when its class's waiting requests
+/// would exceed the slots it could take now plus its L_max, or when it must
+/// wait and its class's waiting prompt tokens already exceed their budget.
+///
+/// The slots a class could take now: for `interactive`, the free ones; for
+/// `batch`, the free ones that interactive requests waiting do not take, and no
+/// more than batch may hold (`--parallel` minus `--interactive-slots`).
+pub struct QueueGauge {
+    state: Mutex<State>,
+    slots: usize,
+    batch_slots: usize,
+    policies: [Policy; Class::COUNT],
+    /// What the engine reported and the gate has not applied yet.
+    reports: Receiver<Report>,
+    /// Where the engine publishes its measured rates.
+    metrics: Arc<Metrics>,
+}
+
+struct State {
+    load: Load,
+    rates: Rates,
+    mix: Mix,
+    bounds: [Bounds; Class::COUNT],
+    /// The return time last handed to a refused request of each class.
+    promised: [Option<Instant>; Class::COUNT],
+    /// What the prefix cache and the running sequences hold.
+    prefixes: PrefixIndex,
+}
+
+impl State {
+    /// The bounds of each class from the rates and the mix in force.
+    fn derive(&mut self, policies: &[Policy; Class::COUNT]) {
+        let typical = self.mix.typical();
+        self.bounds = policies.map(|p| derive_bounds(self.rates, &Policy { typical, ..p }));
+    }
+
+    /// One report of the engine's, in the order it was sent.
+    fn apply(&mut self, r: Report, policies: &[Policy; Class::COUNT]) {
+        let l = &mut self.load;
+        match r {
+            Report::Started { class, tokens } => {
+                let c = class.index();
+                assert!(
+                    l.waiting[c] > 0 && l.waiting_tokens[c] >= tokens,
+                    "start without reserve"
+                );
+                l.running[c] += 1;
+                l.waiting[c] -= 1;
+                l.waiting_tokens[c] -= tokens;
+            }
+            Report::Finished { class } => {
+                assert!(l.running[class.index()] > 0, "finish without start");
+                l.running[class.index()] -= 1;
+            }
+            Report::Dropped { class, tokens } => l.drop_waiting(class, tokens),
+            Report::Completed {
+                prefilled,
+                generated,
+            } => {
+                self.mix.observe(prefilled, generated);
+                self.derive(policies);
+            }
+            Report::Cached(tokens) => self.prefixes.set_cached(tokens),
+            Report::Running { slot, prompt } => match prompt {
+                Some(p) => self.prefixes.set_running(slot, p),
+                None => self.prefixes.clear_running(slot),
+            },
+        }
+    }
+}
+
+impl QueueGauge {
+    pub(super) fn new(
+        slots: usize,
+        batch_slots: usize,
+        rates: Rates,
+        policies: [Policy; Class::COUNT],
+        reports: Receiver<Report>,
+        metrics: Arc<Metrics>,
+    ) -> QueueGauge {
+        assert!(batch_slots >= 1 && batch_slots <= slots);
+        QueueGauge {
+            state: Mutex::new(State {
+                load: Load::default(),
+                rates,
+                mix: Mix::new(policies[Class::Interactive.index()].typical),
+                bounds: policies.map(|p| derive_bounds(rates, &p)),
+                promised: [None; Class::COUNT],
+                prefixes: PrefixIndex::default(),
+            }),
+            slots,
+            batch_slots,
+            policies,
+            reports,
+            metrics,
+        }
+    }
+
+    /// The gate, with every report the engine sent so far applied and the
+    /// rates it published last in force.
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        let mut s = self.state.lock().expect("queue gauge lock");
+        for r in self.reports.try_iter() {
+            s.apply(r, &self.policies);
+        }
+        if let Some((prefill_tok_s, decode_tok_s)) = self.metrics.rates() {
+            let rates = Rates {
+                prefill_tok_s,
+                decode_tok_s,
+            };
+            if rates != s.rates {
+                s.rates = rates;
+                s.derive(&self.policies);
+            }
+        }
+        s
+    }
+
+    /// When a refused request should come back, as a wait from now.
+    ///
+    /// Refused requests are given places in a virtual queue served at the
+    /// rate capacity frees: each one reserves its own service time
+    /// (`own_s`: its prompt at the prefill rate, its `max_tokens` at the
+    /// decode rate of the full batch) after the one refused before it, and
+    /// the first after a quiet spell comes back when, on average, the
+    /// running requests are half done (`slots × own_s / 2`). So a burst's
+    /// refused clients return one by one as room opens, not all together
+    /// (capacity idle in between) nor all at once (refused again). The
+    /// reservations end `PROMISE_HORIZON_S` ahead: clients that never come
+    /// back cannot push the others' waits out for good.
+    pub fn promise(&self, class: Class, own_s: f64) -> Duration {
+        self.promise_at(class, own_s, Instant::now())
+    }
+
+    pub(super) fn promise_at(&self, class: Class, own_s: f64, now: Instant) -> Duration {
+        let slots = match class {
+            Class::Interactive => self.slots,
+            Class::Batch => self.batch_slots,
+        } as f64;
+        let own = Duration::from_secs_f64(own_s.clamp(0.001, PROMISE_HORIZON_S));
+        let first = now + own.mul_f64(slots / 2.0);
+        let mut st = self.lock();
+        let slot = &mut st.promised[class.index()];
+        let t = match *slot {
+            Some(p) if p + own > first => p + own,
+            _ => first,
+        }
+        .min(now + Duration::from_secs_f64(PROMISE_HORIZON_S));
+        *slot = Some(t);
+        t - now
+    }
+
+    /// Slots a new request of `class` could take at once.
+    fn free_for(&self, l: &Load, class: Class) -> usize {
+        let free = self.slots.saturating_sub(l.running_total());
+        match class {
+            Class::Interactive => free,
+            Class::Batch => free
+                .saturating_sub(l.waiting[Class::Interactive.index()])
+                .min(
+                    self.batch_slots
+                        .saturating_sub(l.running[Class::Batch.index()]),
+                ),
+        }
+    }
+
+    /// Reserves places for `n` requests of `class` (the choices of one
+    /// request: all of them or none) holding `prompt_tokens` together, or says
+    /// which bound they break (with what is waiting ahead of them, and the
+    /// bounds and rates they were judged by).
+    pub(super) fn reserve(
+        &self,
+        class: Class,
+        n: usize,
+        prompt_tokens: usize,
+    ) -> Result<(), Refusal> {
+        let mut s = self.lock();
+        Self::judge(&s, self.free_for(&s.load, class), class, n)?;
+        let c = class.index();
+        s.load.waiting[c] += n;
+        s.load.waiting_tokens[c] += prompt_tokens;
+        Ok(())
+    }
+
+    /// Whether a request of `class` would be admitted now, without reserving
+    /// its place. Its prompt does not matter (`judge`): the door's answer,
+    /// before the body is read, is the gate's.
+    pub(super) fn check(&self, class: Class) -> Result<(), Refusal> {
+        let s = self.lock();
+        Self::judge(&s, self.free_for(&s.load, class), class, 1)
+    }
+
+    /// The gate's rule (`reserve`) for `n` requests, given the slots the class
+    /// could take now.
+    ///
+    /// The token budget bounds the prompt tokens *ahead* of a request that
+    /// must wait: their prefill is its queueing delay, W_max of it at most.
+    /// Its own prompt is its service, not its wait, so a long prompt behind a
+    /// short queue is admitted (below capacity it is served, and refusing it
+    /// only sends it back later), while one behind more than W_max of prompts
+    /// is refused, whatever its own size. So the rule needs no prompt: the
+    /// door applies it exactly, before the body is read.
+    fn judge(s: &State, free: usize, class: Class, n: usize) -> Result<(), Refusal> {
+        let l = s.load;
+        let c = class.index();
+        let bounds = s.bounds[c];
+        let (ahead, ahead_tokens) = l.ahead_of(class);
+        let refuse = |bound| Refusal {
+            bound,
+            waiting: ahead,
+            waiting_tokens: ahead_tokens,
+            rates: s.rates,
+            bounds,
+        };
+        if l.waiting[c] + n > free + bounds.queue_depth_max {
+            return Err(refuse(QueueBound::Requests));
+        }
+        // Free slots take requests at once: only one that must wait is judged
+        // by what waits ahead of it.
+        let would_wait = l.waiting[c] + n > free;
+        if would_wait && l.waiting_tokens[c] > bounds.queued_tokens_max {
+            return Err(refuse(QueueBound::Tokens));
+        }
+        Ok(())
+    }
+
+    /// A reserved place given up without a slot, on the handler's side (the
+    /// engine stopped before it took the job).
+    pub(super) fn dropped(&self, class: Class, prompt_tokens: usize) {
+        self.lock().load.drop_waiting(class, prompt_tokens);
+    }
+
+    /// Prompt tokens of `prompt` that would be reused if it started now.
+    pub fn reusable(&self, prompt: &[Token]) -> usize {
+        self.lock().prefixes.reusable(prompt)
+    }
+
+    /// The typical request the bounds are derived from now.
+    pub fn typical(&self) -> Typical {
+        self.lock().mix.typical()
+    }
+
+    /// The rates and each class's bounds in force now.
+    pub fn snapshot(&self) -> (Rates, [Bounds; Class::COUNT]) {
+        let s = self.lock();
+        (s.rates, s.bounds)
+    }
+
+    /// Seconds a client of `class` refused now should wait (for 503s sent by
+    /// the engine).
+    pub fn retry_after_s(&self, class: Class) -> u64 {
+        let s = self.lock();
+        let (ahead, tokens) = s.load.ahead_of(class);
+        retry_after_s(ahead, tokens, s.rates, s.bounds[class.index()])
+    }
+
+    /// Requests of `class` waiting for a slot.
+    pub fn queued_requests(&self, class: Class) -> usize {
+        self.lock().load.waiting[class.index()]
+    }
+
+    pub fn queued_tokens(&self, class: Class) -> usize {
+        self.lock().load.waiting_tokens[class.index()]
+    }
+}
+
+/// Why the gate said no, and what it saw.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Refusal {
+    pub(super) bound: QueueBound,
+    pub(super) waiting: usize,
+    pub(super) waiting_tokens: usize,
+    pub(super) rates: Rates,
+    pub(super) bounds: Bounds,
+}
