@@ -1,49 +1,96 @@
 //! Threads for connections, reused: a connection goes to a thread that is
-//! idle and waiting for one, or else a new thread starts. A thread that has
-//! waited `IDLE` for another connection ends. Threads are bounded by the
-//! connections open (the door's bound) plus those idle.
+//! idle, or else a new thread starts. A thread that has waited `IDLE` for
+//! another connection ends. Threads are bounded by the connections open (the
+//! door's bound) plus those idle.
 //!
-//! The hand-off is a rendezvous channel: `try_send` succeeds only if a thread
-//! is blocked in `recv` at that moment, so a burst is never queued behind
-//! threads that have not yet woken (tiny_http's own pool counted idle threads
-//! and queued a burst behind a handful of them, some of which then blocked on
-//! idle keep-alive connections).
+//! A connection is queued for the idle threads only while more threads are
+//! idle than connections already queued for them, counted under the queue's
+//! lock, so a burst is never queued behind threads that will not take it
+//! (tiny_http's own pool counted a thread idle only once it had taken a task,
+//! and queued a burst behind a handful of threads that then blocked on idle
+//! keep-alive connections). So the queue never holds more than the idle
+//! threads, and a thread that times out takes a connection queued meanwhile
+//! before it ends.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread;
 use std::time::Duration;
-
-use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 
 /// How long a thread with no connection waits for one before it ends.
 const IDLE: Duration = Duration::from_secs(5);
 
 pub(super) type Task = Box<dyn FnOnce() + Send + 'static>;
 
+#[derive(Default)]
+struct Queue {
+    tasks: VecDeque<Task>,
+    /// Threads waiting for a task.
+    idle: usize,
+}
+
+#[derive(Default)]
+struct Shared {
+    queue: Mutex<Queue>,
+    wake: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next task, waiting at most `IDLE` for one; None: time to end.
+    fn next(&self) -> Option<Task> {
+        let mut q = self.lock();
+        loop {
+            if let Some(t) = q.tasks.pop_front() {
+                return Some(t);
+            }
+            q.idle += 1;
+            let (g, waited) = self
+                .wake
+                .wait_timeout(q, IDLE)
+                .unwrap_or_else(|e| e.into_inner());
+            q = g;
+            q.idle -= 1;
+            if waited.timed_out() && q.tasks.is_empty() {
+                return None;
+            }
+        }
+    }
+}
+
 pub(super) struct Pool {
     name: &'static str,
-    tx: Sender<Task>,
-    rx: Receiver<Task>,
+    shared: Arc<Shared>,
 }
 
 impl Pool {
     pub fn new(name: &'static str) -> Pool {
-        let (tx, rx) = bounded(0);
-        Pool { name, tx, rx }
+        Pool {
+            name,
+            shared: Arc::default(),
+        }
     }
 
     /// Runs `task` on an idle thread, or on a new one; false if no thread
     /// could be started (the task is dropped unrun).
     pub fn run(&self, task: Task) -> bool {
-        let task = match self.tx.try_send(task) {
-            Ok(()) => return true,
-            Err(TrySendError::Full(t) | TrySendError::Disconnected(t)) => t,
-        };
-        let rx = self.rx.clone();
+        {
+            let mut q = self.shared.lock();
+            if q.idle > q.tasks.len() {
+                q.tasks.push_back(task);
+                self.shared.wake.notify_one();
+                return true;
+            }
+        }
+        let shared = Arc::clone(&self.shared);
         thread::Builder::new()
             .name(self.name.into())
             .spawn(move || {
                 task();
-                while let Ok(next) = rx.recv_timeout(IDLE) {
+                while let Some(next) = shared.next() {
                     next();
                 }
             })
@@ -54,8 +101,8 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::{Arc, Barrier};
+    use crossbeam_channel::bounded;
+    use std::sync::Barrier;
 
     #[test]
     fn a_burst_gets_a_thread_each_and_idle_threads_are_reused() {
@@ -71,16 +118,19 @@ mod tests {
             })));
         }
         all.wait();
-        // Now idle: a later task runs on one of them (or a new thread if none
-        // is back in recv yet); either way it runs.
-        let ran = Arc::new(AtomicUsize::new(0));
-        let (done_tx, done_rx) = bounded(1);
-        let r = Arc::clone(&ran);
-        assert!(pool.run(Box::new(move || {
-            r.fetch_add(1, Ordering::SeqCst);
-            let _ = done_tx.send(());
-        })));
-        done_rx.recv().unwrap();
-        assert_eq!(ran.load(Ordering::SeqCst), 1);
+        // Once they wait for work, later tasks run on them: no new thread.
+        while pool.shared.lock().idle < n {
+            thread::yield_now();
+        }
+        let (done_tx, done_rx) = bounded(n);
+        for _ in 0..n {
+            let done = done_tx.clone();
+            assert!(pool.run(Box::new(move || {
+                let _ = done.send(thread::current().id());
+            })));
+        }
+        let ran: Vec<_> = (0..n).map(|_| done_rx.recv().unwrap()).collect();
+        assert_eq!(ran.len(), n);
+        assert!(pool.shared.lock().tasks.is_empty());
     }
 }
