@@ -56,9 +56,9 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
         })
         .collect();
     let idle_conns: Vec<TcpStream> = (0..20).map(|_| connect(srv.addr)).collect();
-    // Every connection gets its own thread (the door's pool hands a
-    // connection only to a thread already waiting for one; tiny_http's own
-    // pool left a burst queued behind idle ones).
+    // Every connection gets its own thread (the door's pool queues a
+    // connection only while more threads are idle than queued; tiny_http's
+    // own pool left a burst queued behind idle ones).
     wait_until(
         Duration::from_secs(120),
         "every connection to get its thread",

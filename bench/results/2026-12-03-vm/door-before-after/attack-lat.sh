@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+set -u
+bin=$1; port=18164
+ulimit -n "$(ulimit -Hn)"
+$bin serve --model models/SmolLM2-135M-Instruct.Q4_1.gguf --port $port --threads 2 2>/tmp/attack-srv.log &
+pid=$!
+for _ in $(seq 300); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.2; done
+python3 /tmp/livez-lat.py $port 100
+python3 bench/scripts/front-door-attackers.py "127.0.0.1:$port" --tricklers 3000 > /tmp/attack-att.log 2>&1 &
+att=$!
+sleep 12
+python3 /tmp/livez-lat.py $port 300
+kill $att; kill $pid; wait 2>/dev/null
