@@ -19,8 +19,9 @@
 //! request are judged together (`Admission::submit_all`).
 //!
 //! The bounds are live: the engine refines the rates online from the steps it
-//! runs (`engine::cost`) and publishes them here, and the gate re-derives L_max
-//! and the token budget from them. A channel's capacity is fixed at creation,
+//! runs (`engine::cost`) and publishes them (through the metrics registry,
+//! `Reporter::set_rates`), and the gate re-derives L_max and the token budget
+//! from them when it is next taken. A channel's capacity is fixed at creation,
 //! so it is sized for the highest L_max the gate may ever allow (9, or the
 //! operator's `--queue-depth`); the gate enforces the live one below it.
 //!

@@ -1,4 +1,5 @@
-//! The HTTP front: the only module that knows about HTTP and JSON.
+//! The API over HTTP: the handlers, routes, status codes and JSON (the front
+//! door, `door`, reads the connections and refuses what never reaches them).
 //!
 //! A fixed pool of handler threads (`sluice-http-N`) takes requests from
 //! the front door (`door`). A handler parses, caps and validates the body, counts the prompt in
