@@ -29,10 +29,11 @@ struct Queue {
     idle: usize,
 }
 
-#[derive(Default)]
 struct Shared {
     queue: Mutex<Queue>,
     wake: Condvar,
+    /// How long a thread waits for a task before it ends (`IDLE`).
+    idle: Duration,
 }
 
 impl Shared {
@@ -40,7 +41,7 @@ impl Shared {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The next task, waiting at most `IDLE` for one; None: time to end.
+    /// The next task, waiting at most `idle` for one; None: time to end.
     fn next(&self) -> Option<Task> {
         let mut q = self.lock();
         loop {
@@ -50,7 +51,7 @@ impl Shared {
             q.idle += 1;
             let (g, waited) = self
                 .wake
-                .wait_timeout(q, IDLE)
+                .wait_timeout(q, self.idle)
                 .unwrap_or_else(|e| e.into_inner());
             q = g;
             q.idle -= 1;
@@ -68,9 +69,18 @@ pub(super) struct Pool {
 
 impl Pool {
     pub fn new(name: &'static str) -> Pool {
+        Pool::with_idle(name, IDLE)
+    }
+
+    fn with_idle(name: &'static str, idle: Duration) -> Pool {
+        let shared = Shared {
+            queue: Mutex::default(),
+            wake: Condvar::new(),
+            idle,
+        };
         Pool {
             name,
-            shared: Arc::default(),
+            shared: Arc::new(shared),
         }
     }
 
@@ -106,7 +116,9 @@ mod tests {
 
     #[test]
     fn a_burst_gets_a_thread_each_and_idle_threads_are_reused() {
-        let pool = Pool::new("test-pool");
+        // Threads never time out here, however slow the box: the test
+        // waits for all of them to be idle.
+        let pool = Pool::with_idle("test-pool", Duration::from_secs(3600));
         let n = 8;
         // Every task blocks until all n run at once: only possible with a
         // thread each.
