@@ -81,7 +81,8 @@ struct Args {
     /// client overflow (default: 64)
     #[argh(option, default = "64")]
     clients: usize,
-    /// prompt length in tokens: fixed:N, uniform:LO:HI or exp:MEAN (default: uniform:20:200)
+    /// prompt length in tokens: fixed:N, uniform:LO:HI, exp:MEAN or
+    /// lognormal:MEDIAN:SIGMA:LO:HI (default: uniform:20:200)
     #[argh(option, default = "String::from(\"uniform:20:200\")")]
     prompt_tokens: String,
     /// max_tokens per request, same forms (default: uniform:32:128)
