@@ -48,6 +48,12 @@ impl std::fmt::Debug for ApiKey {
 }
 
 impl ApiKey {
+    /// The key itself, for a request sluice makes on its holder's behalf
+    /// (a batch line); never for a log.
+    pub fn secret(&self) -> &str {
+        std::str::from_utf8(&self.key[..self.len]).unwrap_or("")
+    }
+
     /// This key's bucket: its overrides over the server's default, or none if
     /// neither sets a rate.
     pub fn limit(&self, default: Option<Limit>) -> Option<Limit> {
@@ -187,6 +193,11 @@ impl KeyFile {
 
     pub fn key(&self, index: usize) -> &ApiKey {
         &self.keys[index]
+    }
+
+    /// The key named `name` (names are unique in a file).
+    pub fn by_name(&self, name: &str) -> Option<&ApiKey> {
+        self.keys.iter().find(|k| k.name == name)
     }
 
     pub fn len(&self) -> usize {

@@ -18,6 +18,7 @@ macro_rules! say {
 mod admission;
 pub mod app;
 mod auth;
+mod batch;
 mod calibrate;
 mod calibration_cache;
 mod config;

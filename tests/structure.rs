@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[&[&str]] = &[
     &["log", "notify", "priority", "embed", "door"],
     &["ffi"],
-    &["grammar", "stream", "template"],
+    &["batch", "grammar", "stream", "template"],
     &["metrics"],
     &["admission", "ratelimit"],
     &["engine", "auth"],

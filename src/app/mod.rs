@@ -174,8 +174,12 @@ fn serve(cfg: Config) -> Result<(), String> {
         cfg.model_name, bounds.queue_depth_max, bounds.queued_tokens_max
     );
     let (drain_notice, drain_timeout) = (cfg.drain_notice, cfg.drain_timeout);
-    let state = Arc::new(app_state(cfg, loaded, serving, front_size)?);
+    let (batches, batch_wake) = batch_store(&cfg)?.unzip();
+    let state = Arc::new(app_state(cfg, loaded, serving, front_size, batches)?);
     let front = http::start(Arc::clone(&state), listener)?;
+    if let (Some(wake), Some(b)) = (batch_wake, &state.cfg.batch) {
+        http::batch_runner::start(Arc::clone(&state), wake, b.concurrency)?;
+    }
     crate::say!("sluice: listening on http://{local}");
     notifier.notify(&format!("READY=1\n{status}"));
     supervise(signals, &engine.handle, &front, &notifier, &state)?;
@@ -281,12 +285,36 @@ struct Serving {
     n_ctx: usize,
 }
 
+/// The Batch API's database, opened (or made) under `--data-dir`, and the
+/// channel that wakes its runner; `None` with `--data-dir off`.
+fn batch_store(
+    cfg: &Config,
+) -> Result<Option<(http::batches::BatchApi, crossbeam_channel::Receiver<()>)>, String> {
+    let Some(b) = &cfg.batch else {
+        crate::say!("sluice: batch API: off (--data-dir off, or no home directory)");
+        return Ok(None);
+    };
+    let store = crate::batch::Store::open(&b.dir, b.limits)?;
+    let held = store.stored();
+    crate::say!(
+        "sluice: batch API: {} ({} batches not ended, {} lines pending; {} lines at once)",
+        store.path().display(),
+        held.batches[..2].iter().sum::<u64>() + held.batches[4],
+        held.lines_pending,
+        b.concurrency
+    );
+    let (wake, rx) = crossbeam_channel::bounded(1);
+    let store = Arc::new(store);
+    Ok(Some((http::batches::BatchApi { store, wake }, rx)))
+}
+
 /// The state every handler reads.
 fn app_state(
     cfg: Config,
     loaded: Loaded,
     serving: Serving,
     front: FrontSize,
+    batches: Option<http::batches::BatchApi>,
 ) -> Result<AppState, String> {
     let n_ctx = serving.n_ctx;
     let seq_tokens_max = match loaded.n_ctx_train {
@@ -309,6 +337,7 @@ fn app_state(
         seq_tokens_max,
         batch_seq_tokens_max: seq_tokens_max.min(cfg.batch_kv_cells(n_ctx)),
         limiter: RateLimiter::new(cfg.client_table_max),
+        batches,
         retries: Default::default(),
         tarpit: http::Tarpit::start()?,
         http_threads: front.http_threads,

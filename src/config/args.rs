@@ -268,6 +268,31 @@ pub struct ServeArgs {
     /// systemd, else in $XDG_CACHE_HOME/sluice or ~/.cache/sluice)
     #[argh(option)]
     pub calibration_cache: Option<String>,
+    /// directory of the Batch API's database (files, batches, results), or
+    /// off: no /v1/files or /v1/batches (default: $STATE_DIRECTORY under
+    /// systemd, else $XDG_STATE_HOME/sluice or ~/.local/state/sluice)
+    #[argh(option)]
+    pub data_dir: Option<String>,
+    /// largest file /v1/files takes, in bytes (default: 33554432)
+    #[argh(option, default = "33_554_432")]
+    pub batch_file_bytes_max: usize,
+    /// most lines in a batch's input file (default: 50000)
+    #[argh(option, default = "50_000")]
+    pub batch_lines_max: usize,
+    /// most batches not yet ended (default: 100)
+    #[argh(option, default = "100")]
+    pub batches_max: usize,
+    /// most bytes of files kept, uploads and results together (default:
+    /// 1073741824)
+    #[argh(option, default = "1_073_741_824")]
+    pub data_bytes_max: u64,
+    /// hours files and ended batches are kept (default: 720)
+    #[argh(option, default = "720")]
+    pub batch_retention_hours: u64,
+    /// batch lines run at once (default: the slots batch may hold, --parallel
+    /// - --interactive-slots)
+    #[argh(option)]
+    pub batch_concurrency: Option<usize>,
     /// time every flash attention/KV type pairing the flags leave open and
     /// the rates, for these settings; keep them in the calibration cache and
     /// exit (the long measurement, ahead of the next start)

@@ -261,6 +261,78 @@ pub(super) fn calibration_cache(a: &ServeArgs) -> Result<Option<PathBuf>, String
     Ok(path)
 }
 
+/// Largest `--batch-file-bytes-max`: a whole upload is held in memory.
+pub const BATCH_FILE_BYTES_MAX: usize = 1 << 30;
+/// Largest `--batch-lines-max` (OpenAI's own bound).
+pub const BATCH_LINES_MAX: usize = 50_000;
+/// Largest `--batches-max`.
+pub const BATCHES_MAX: usize = 100_000;
+
+/// The Batch API's settings, or `None` with `--data-dir off` (or no
+/// directory to default to).
+pub(super) fn batch(
+    a: &ServeArgs,
+    interactive_slots: usize,
+) -> Result<Option<super::BatchConfig>, String> {
+    let dir = match a.data_dir.as_deref() {
+        Some("off") => return Ok(None),
+        Some("") => return Err("--data-dir is empty; give a directory, or off".into()),
+        Some(dir) => PathBuf::from(dir),
+        None => match default_data_dir(|k| std::env::var(k).ok()) {
+            Some(dir) => dir,
+            None => return Ok(None),
+        },
+    };
+    check_range(
+        "--batch-file-bytes-max",
+        a.batch_file_bytes_max,
+        1024,
+        BATCH_FILE_BYTES_MAX,
+    )?;
+    check_range("--batch-lines-max", a.batch_lines_max, 1, BATCH_LINES_MAX)?;
+    check_range("--batches-max", a.batches_max, 1, BATCHES_MAX)?;
+    check_range(
+        "--batch-retention-hours",
+        a.batch_retention_hours as usize,
+        1,
+        24 * 365 * 10,
+    )?;
+    if a.data_bytes_max < a.batch_file_bytes_max as u64 {
+        return Err(format!(
+            "--data-bytes-max {} is less than --batch-file-bytes-max {}: no file could be kept",
+            a.data_bytes_max, a.batch_file_bytes_max
+        ));
+    }
+    let batch_slots = a.parallel.saturating_sub(interactive_slots).max(1);
+    let concurrency = a.batch_concurrency.unwrap_or(batch_slots);
+    check_range("--batch-concurrency", concurrency, 1, a.parallel)?;
+    Ok(Some(super::BatchConfig {
+        dir,
+        limits: crate::batch::StoreLimits {
+            file_bytes_max: a.batch_file_bytes_max,
+            lines_max: a.batch_lines_max,
+            batches_max: a.batches_max,
+            stored_bytes_max: a.data_bytes_max,
+            retention_s: a.batch_retention_hours as i64 * 3600,
+        },
+        concurrency,
+    }))
+}
+
+/// The Batch API's directory when `--data-dir` is not given: systemd's
+/// `StateDirectory=` (`$STATE_DIRECTORY`), else `$XDG_STATE_HOME/sluice`,
+/// else `~/.local/state/sluice`.
+pub(super) fn default_data_dir(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let nonempty = |k: &str| env(k).filter(|v| !v.is_empty());
+    if let Some(dirs) = nonempty("STATE_DIRECTORY") {
+        return Some(PathBuf::from(dirs.split(':').next().unwrap_or_default()));
+    }
+    if let Some(xdg) = nonempty("XDG_STATE_HOME") {
+        return Some(PathBuf::from(xdg).join("sluice"));
+    }
+    nonempty("HOME").map(|h| PathBuf::from(h).join(".local/state/sluice"))
+}
+
 /// The calibration cache's file name in its directory.
 const CALIBRATION_CACHE_FILE: &str = "calibration.json";
 

@@ -170,6 +170,15 @@ impl Config {
     }
 }
 
+/// The Batch API: where its database lives, its bounds, and how many lines
+/// run at once.
+#[derive(Debug, Clone)]
+pub struct BatchConfig {
+    pub dir: PathBuf,
+    pub limits: crate::batch::StoreLimits,
+    pub concurrency: usize,
+}
+
 /// The validated serve configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -208,6 +217,8 @@ pub struct Config {
     /// Where start-up's measurements are kept (`--calibration-cache`); `None`:
     /// off.
     pub calibration_cache: Option<PathBuf>,
+    /// The Batch API's store and runner (`--data-dir`); `None`: off.
+    pub batch: Option<BatchConfig>,
     /// `--calibrate-only`: measure, keep, exit.
     pub calibrate_only: bool,
     /// CoDel's sojourn target and interval (readiness, and shedding with
@@ -273,7 +284,9 @@ impl Config {
         )?;
         let model_name = derive::model_name(&a);
         let calibration_cache = derive::calibration_cache(&a)?;
+        let batch = derive::batch(&a, interactive_slots)?;
         Ok(Config {
+            batch,
             calibration_cache,
             calibrate_only: a.calibrate_only,
             model: a.model,

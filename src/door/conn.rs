@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,8 @@ use super::{ConnectionLimits, FrontStats};
 /// What a connection's thread shares with the accept thread.
 pub(super) struct Shared {
     pub limits: ConnectionLimits,
+    /// Bodies over `body_bytes_max` being read or handled now (`Uploads`).
+    pub uploading: Arc<AtomicUsize>,
     pub queue: Sender<Request>,
     pub stats: Arc<FrontStats>,
     pub waiting: Waiting,
@@ -304,13 +306,14 @@ pub(super) fn serve(
                 .take()
                 .unwrap_or_else(|| shared.waiting.enter(&conn)),
         };
-        let request = match read_request(&mut rd, &mut writer, first, shared) {
+        let mut request = match read_request(&mut rd, &mut writer, first, shared) {
             Some(r) => r,
             None => return,
         };
         first = false;
         let close_after = wants_close(&request.head);
         drop(waiting);
+        let _upload = request.upload.take();
 
         // Hand the request to a handler; the response comes back through
         // `back_rx` before anything more is read from this connection.
@@ -413,6 +416,8 @@ fn hand_over(
 struct ReadRequest {
     head: Head,
     body: Vec<u8>,
+    /// Held while a large body is in memory, until its answer is written.
+    upload: Option<UploadPermit>,
 }
 
 /// Waits for the next request and reads it whole: its first byte within the
@@ -433,7 +438,7 @@ fn read_request(
     if !first {
         rd.get_mut().deadline = Instant::now() + limits.header_timeout;
     }
-    match read_whole(rd, writer, limits) {
+    match read_whole(rd, writer, shared) {
         Ok(r) => Some(r),
         Err((part, fail)) => {
             answer_failure(part, fail, rd, writer, shared);
@@ -471,14 +476,26 @@ fn await_request(rd: &mut BufReader<TimedReader>, first: bool, shared: &Shared) 
 fn read_whole(
     rd: &mut BufReader<TimedReader>,
     writer: &mut TcpStream,
-    limits: &ConnectionLimits,
+    shared: &Shared,
 ) -> Result<ReadRequest, (&'static str, ReadFail)> {
+    let limits = &shared.limits;
     let in_head = |f| ("head", f);
     let head = read_head(rd, limits).map_err(in_head)?;
     let framing =
         framing(&head.version, &head.headers).map_err(|r| in_head(ReadFail::Refused(r)))?;
-    let max = limits.body_bytes_max;
+    let mut max = limits.body_bytes_max;
+    let mut upload = None;
     if let Framing::Length(n) = framing {
+        let path = head.target.split('?').next().unwrap_or("");
+        if n > max as u64 && limits.uploads.paths.contains(&path) {
+            max = limits.uploads.bytes_max;
+            if n <= max as u64 {
+                upload = Some(
+                    UploadPermit::take(&shared.uploading, limits.uploads.at_once)
+                        .ok_or_else(|| in_head(ReadFail::Refused(uploads_busy())))?,
+                );
+            }
+        }
         if n > max as u64 {
             return Err(in_head(ReadFail::Refused(too_large(max))));
         }
@@ -496,7 +513,36 @@ fn read_whole(
         Framing::Chunked => read_chunked(rd, max, &mut body),
     }
     .map_err(|f| ("body", f))?;
-    Ok(ReadRequest { head, body })
+    Ok(ReadRequest { head, body, upload })
+}
+
+/// One of the `Uploads::at_once` large bodies that may be held at once,
+/// released when its request is answered (dropped with it).
+pub(super) struct UploadPermit(Arc<AtomicUsize>);
+
+impl UploadPermit {
+    fn take(uploading: &Arc<AtomicUsize>, at_once: usize) -> Option<UploadPermit> {
+        let prev = uploading.fetch_add(1, Ordering::AcqRel);
+        if prev >= at_once {
+            uploading.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(UploadPermit(Arc::clone(uploading)))
+    }
+}
+
+impl Drop for UploadPermit {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn uploads_busy() -> Refusal {
+    Refusal::new(
+        503,
+        "server_busy",
+        "other large uploads are being read; retry shortly",
+    )
 }
 
 /// `Expect: 100-continue` is answered before a body is read; any other

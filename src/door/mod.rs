@@ -43,6 +43,10 @@ pub struct ConnectionLimits {
     pub header_bytes_max: usize,
     /// Largest body (413 over it).
     pub body_bytes_max: usize,
+    /// Paths whose body may be larger (file uploads), how large, and how
+    /// many such bodies may be read at once (a 503 beyond: each is held in
+    /// memory until its handler is done).
+    pub uploads: Uploads,
     /// Most connections open at once; a connection over it gets a 503.
     pub max_connections: usize,
     /// Threads that call `recv()` (the handlers).
@@ -54,6 +58,14 @@ pub struct ConnectionLimits {
     pub linger: Duration,
     /// ...and at most this many bytes, so that it reads the refusal, not a reset.
     pub linger_bytes_max: usize,
+}
+
+/// Bodies larger than `body_bytes_max` that some paths take.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Uploads {
+    pub paths: &'static [&'static str],
+    pub bytes_max: usize,
+    pub at_once: usize,
 }
 
 #[cfg(test)]
@@ -68,6 +80,7 @@ impl Default for ConnectionLimits {
             headers_max: 100,
             header_bytes_max: 32 * 1024,
             body_bytes_max: 1024 * 1024,
+            uploads: Uploads::default(),
             max_connections: 512,
             handlers: 4,
             queue_depth: 64,
@@ -128,6 +141,7 @@ impl Door {
             crossbeam_channel::bounded((limits.handlers + limits.queue_depth).max(1));
         let shared = Arc::new(conn::Shared {
             limits,
+            uploading: Arc::default(),
             queue: queue_tx,
             stats: Arc::clone(&stats),
             waiting: conn::Waiting::default(),

@@ -104,6 +104,14 @@ pub enum ApiError {
     Draining,
     /// The drain's deadline passed before this request finished; it was cancelled.
     ShuttingDown,
+    /// The Batch API's refusals: a file or batch not found (404), a bound of
+    /// the store (413, 429), the store failing (500), or off (404); `code`
+    /// names which.
+    Batch {
+        status: u16,
+        code: &'static str,
+        message: String,
+    },
 }
 
 impl From<Refused> for ApiError {
@@ -142,6 +150,7 @@ impl ApiError {
             ApiError::DeadlineExceeded { .. } => 504,
             ApiError::Timeout { .. } | ApiError::Stalled { .. } => 504,
             ApiError::Draining | ApiError::ShuttingDown => 503,
+            ApiError::Batch { status, .. } => *status,
             // nginx's "client closed request": never sent, only logged.
             ApiError::ClientGone => 499,
         }
@@ -177,6 +186,7 @@ impl ApiError {
             ApiError::ClientGone => "client_gone",
             ApiError::Draining => "draining",
             ApiError::ShuttingDown => "shutting_down",
+            ApiError::Batch { code, .. } => code,
         }
     }
 
@@ -194,6 +204,7 @@ impl ApiError {
             | ApiError::DeadlineExceeded { .. } => "server_error",
             ApiError::RateLimited { .. } => "rate_limit_error",
             ApiError::Unauthorized { .. } => "authentication_error",
+            ApiError::Batch { status: 500.., .. } => "server_error",
             _ => "invalid_request_error",
         }
     }
@@ -204,7 +215,8 @@ impl ApiError {
             | ApiError::ContextLength { message }
             | ApiError::Engine { message }
             | ApiError::Shed { message, .. }
-            | ApiError::DeadlineExceeded { message } => message.clone(),
+            | ApiError::DeadlineExceeded { message }
+            | ApiError::Batch { message, .. } => message.clone(),
             ApiError::RetriedEarly { wait_ms } => format!(
                 "server is at capacity, and this client came back before the Retry-After it was \
                  given; each early retry doubles the wait: retry after {wait_ms} ms"

@@ -10,7 +10,7 @@ use tiny_http::{Header, Method, Request};
 /// Headers a cross-origin page may read from a response.
 const EXPOSED: &str = "Retry-After, WWW-Authenticate, Content-Type";
 /// Methods the API answers.
-pub(super) const METHODS: &str = "GET, POST, OPTIONS";
+pub(super) const METHODS: &str = "GET, POST, DELETE, OPTIONS";
 /// How long a browser may cache a preflight's answer, in seconds.
 const PREFLIGHT_MAX_AGE_S: u32 = 600;
 

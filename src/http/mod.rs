@@ -11,6 +11,9 @@
 //! The door runs its own I/O threads: `sluice-accept`, and one per open
 //! connection (`sluice-conn`; they read and parse requests and never compute).
 
+pub mod batch_input;
+pub mod batch_runner;
+pub mod batches;
 mod embeddings;
 pub mod error;
 mod fields;
@@ -112,6 +115,8 @@ pub struct AppState {
     pub batch_seq_tokens_max: usize,
     /// Per-client token buckets.
     pub limiter: RateLimiter,
+    /// The Batch API's store and its runner's wake-up; `None`: off.
+    pub batches: Option<batches::BatchApi>,
     /// The return time each client refused for overload was given.
     pub retries: retry::RetryLedger,
     /// Holds the refusals of clients that came back early.
@@ -202,6 +207,14 @@ pub fn start(state: Arc<AppState>, listener: TcpListener) -> Result<Front, Strin
         headers_max: HEADERS_MAX,
         header_bytes_max: HEADER_BYTES_MAX,
         body_bytes_max: state.cfg.body_bytes_max,
+        uploads: match &state.batches {
+            Some(api) => door::Uploads {
+                paths: batches::UPLOAD_PATHS,
+                bytes_max: api.store.limits().file_bytes_max + batches::UPLOAD_OVERHEAD_BYTES,
+                at_once: batches::UPLOADS_AT_ONCE,
+            },
+            None => door::Uploads::default(),
+        },
         max_connections: state.max_connections,
         handlers: state.http_threads,
         queue_depth: state.http_queue_depth,
@@ -314,6 +327,9 @@ fn handle(state: &AppState, mut req: Request) {
         (Method::Post, "/v1/chat/completions") => request::generate(state, req, Api::Chat),
         (Method::Post, "/v1/completions") => request::generate(state, req, Api::Completions),
         (Method::Post, "/v1/embeddings" | "/embeddings") => embeddings::embed(state, req),
+        (m, p) if batches::is_route(p) && *m != Method::Options => {
+            batches::handle(state, req, &method, &path)
+        }
         (Method::Options, p) if ROUTES.contains(&p) => {
             let resp = Response::empty(204).with_header(header("Allow", guard::METHODS));
             let _ = req.respond(resp);
@@ -405,8 +421,10 @@ fn tokenize_route(state: &AppState, mut req: Request, tokenize: bool) {
 const STATUS_PAGE: &str = include_str!("status.html");
 
 /// Every path the server answers (besides `/v1/models/{id}`).
-const ROUTES: [&str; 16] = [
+const ROUTES: [&str; 18] = [
     "/",
+    "/v1/files",
+    "/v1/batches",
     "/index.html",
     "/status",
     "/health",

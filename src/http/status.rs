@@ -17,7 +17,58 @@ pub(super) fn metrics_text(state: &AppState) -> String {
         state.limiter.gauges(),
     );
     front_text(state, &mut out);
+    batch_text(state, &mut out);
     out
+}
+
+/// The Batch API's store: batches by status, lines by state, files and
+/// bytes kept (with `--data-dir off`, none of these).
+fn batch_text(state: &AppState, out: &mut String) {
+    use std::fmt::Write as _;
+    let Some(api) = &state.batches else {
+        return;
+    };
+    let st = api.store.stored();
+    let _ = writeln!(
+        out,
+        "# HELP sluice_batches Batches kept, by status.\n# TYPE sluice_batches gauge"
+    );
+    for (status, n) in crate::batch::Status::ALL.iter().zip(st.batches) {
+        let _ = writeln!(out, "sluice_batches{{status=\"{}\"}} {n}", status.name());
+    }
+    let _ = writeln!(
+        out,
+        "# HELP sluice_batch_lines Lines of the batches kept, by state (pending: still to run).\n\
+         # TYPE sluice_batch_lines gauge"
+    );
+    for (s, n) in [
+        ("pending", st.lines_pending),
+        ("done", st.lines_done),
+        ("failed", st.lines_failed),
+    ] {
+        let _ = writeln!(out, "sluice_batch_lines{{state=\"{s}\"}} {n}");
+    }
+    let limits = api.store.limits();
+    let gauges = [
+        (
+            "sluice_batch_files",
+            "Files kept (uploads and batch results).",
+            st.files as f64,
+        ),
+        (
+            "sluice_batch_stored_bytes",
+            "Bytes of files kept.",
+            st.bytes as f64,
+        ),
+        (
+            "sluice_batch_stored_bytes_max",
+            "Most bytes of files kept (--data-bytes-max).",
+            limits.stored_bytes_max as f64,
+        ),
+    ];
+    for (name, help, v) in gauges {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+    }
 }
 
 type Gauge = (&'static str, &'static str, f64);

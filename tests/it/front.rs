@@ -484,7 +484,7 @@ fn only_allowed_hosts_and_origins_are_served() {
     assert_eq!(statuses(&preflight), vec![204], "{preflight}");
     for h in [
         "Access-Control-Allow-Origin: http://app.example:3000",
-        "Access-Control-Allow-Methods: GET, POST, OPTIONS",
+        "Access-Control-Allow-Methods: GET, POST, DELETE, OPTIONS",
         "Access-Control-Allow-Headers: content-type, authorization",
         "Vary: Origin",
     ] {

@@ -48,6 +48,16 @@ pub struct Server {
     child: Child,
     pub addr: SocketAddr,
     log: Arc<Mutex<String>>,
+    /// The Batch API's directory this server got from the harness (removed
+    /// when it is dropped); a test that gives `--data-dir` keeps its own.
+    data_dir: PathBuf,
+}
+
+/// A fresh directory for one server's Batch API database.
+fn fresh_data_dir() -> PathBuf {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("data-{}-{n}", std::process::id()))
 }
 
 impl Server {
@@ -58,6 +68,7 @@ impl Server {
 
     /// Like `start`, with extra environment variables.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        let data_dir = fresh_data_dir();
         let mut child = Command::new(binary())
             .arg("serve")
             .arg("--model")
@@ -67,6 +78,8 @@ impl Server {
             // One calibration cache for the suite's servers, not the user's:
             // a server measures the rates once, later ones start from them.
             .env("SLUICE_CALIBRATION_CACHE", suite_calibration_cache())
+            // The Batch API's database: one per server, never the user's.
+            .env("SLUICE_DATA_DIR", &data_dir)
             .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -101,7 +114,12 @@ impl Server {
             let _ = child.kill();
             panic!("sluice did not start; log:\n{}", log.lock().unwrap());
         };
-        Server { child, addr, log }
+        Server {
+            child,
+            addr,
+            log,
+            data_dir,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -160,6 +178,7 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.data_dir);
     }
 }
 

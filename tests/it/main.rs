@@ -5,6 +5,7 @@
 
 mod admission;
 mod api;
+mod batch;
 mod batching;
 mod bench;
 mod embeddings;

@@ -15,6 +15,8 @@ fn thread_counts(pid: u32) -> BTreeMap<String, usize> {
         let comm = comm.trim();
         let key = if comm.starts_with("sluice-http-") {
             "sluice-http-*".to_string()
+        } else if comm.starts_with("sluice-batch-") {
+            "sluice-batch-*".to_string()
         } else {
             comm.to_string()
         };
@@ -88,6 +90,11 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
             "parallel + queue depth + 4 spare: {counts:?}"
         );
         assert_eq!(counts.get("sluice-main"), Some(&1), "{counts:?}");
+        assert_eq!(
+            counts.get("sluice-batch-*"),
+            Some(&3),
+            "batch workers: the slots batch may hold: {counts:?}"
+        );
         let known = [
             "sluice-engine",
             "sluice-ggml",
@@ -96,6 +103,7 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
             "sluice-accept",
             "sluice-conn",
             "sluice-tarpit",
+            "sluice-batch-*",
         ];
         assert!(
             counts.keys().all(|k| known.contains(&k.as_str())),
@@ -112,6 +120,7 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
         "sluice-http-*",
         "sluice-main",
         "sluice-accept",
+        "sluice-batch-*",
     ] {
         assert_eq!(idle.get(key), loaded.get(key), "{key} changed under load");
     }

@@ -1,0 +1,337 @@
+//! Runs batch lines on the capacity interactive traffic leaves: each line
+//! is a request built in memory and handed to the same handler code as a
+//! request from a socket (`http::handle`), with `X-Priority: batch`, so it
+//! goes through the same checks, admission (the batch class: its own
+//! queue, never the slots kept for interactive requests), prefix cache and
+//! engine, and is logged and counted like any other.
+//!
+//! `--batch-concurrency` workers (`sluice-batch-N`), each with one line at
+//! a time. A line refused for overload (429, 503) is not a result: it goes
+//! back to pending and its worker waits the `retry-after-ms` it was told.
+//! Any other answer is the line's one result (`Store::record`). Worker 0
+//! also moves batches on (cancelled, expired, or with no line left: their
+//! output and error files) and removes what outlived the retention.
+
+use super::AppState;
+use crate::batch::{new_id, now_s, Line, Status};
+use crossbeam_channel::Receiver;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+use tiny_http::{Completion, HTTPVersion, Header, Method, Request};
+
+/// How long an idle worker waits for a new batch before it looks again.
+const IDLE_WAIT: Duration = Duration::from_secs(1);
+/// How often expired files and old batches are removed.
+const REMOVE_EVERY: Duration = Duration::from_secs(60);
+/// Bounds on the wait after an overload refusal.
+const RETRY_WAIT_MIN_MS: u64 = 50;
+const RETRY_WAIT_MAX_MS: u64 = 10_000;
+
+/// The lines being run now: `(batch id, line number)`.
+type Running = Mutex<Vec<(String, i64)>>;
+
+/// Starts the workers; they stop once the server drains.
+pub fn start(
+    state: Arc<AppState>,
+    wake: Receiver<()>,
+    workers: usize,
+) -> Result<Vec<JoinHandle<()>>, String> {
+    let running: Arc<Running> = Arc::default();
+    (0..workers)
+        .map(|i| {
+            let (state, wake, running) = (Arc::clone(&state), wake.clone(), Arc::clone(&running));
+            std::thread::Builder::new()
+                .name(format!("sluice-batch-{i}"))
+                .spawn(move || work(&state, &wake, &running, i == 0))
+                .map_err(|e| format!("cannot start a batch worker: {e}"))
+        })
+        .collect()
+}
+
+fn lock(running: &Running) -> std::sync::MutexGuard<'_, Vec<(String, i64)>> {
+    running.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn work(state: &AppState, wake: &Receiver<()>, running: &Running, keeper: bool) {
+    let Some(api) = state.batches.as_ref() else {
+        return;
+    };
+    let mut removed_at: Option<Instant> = None;
+    while !state.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+        if keeper {
+            settle(state, running);
+            if removed_at.is_none_or(|t| t.elapsed() >= REMOVE_EVERY) {
+                let (files, batches) = api.store.remove_expired(now_s());
+                if files + batches > 0 {
+                    crate::say!("sluice: batch store: removed {files} expired files and {batches} old batches");
+                }
+                removed_at = Some(Instant::now());
+            }
+        }
+        let claimed = {
+            let mut r = lock(running);
+            let line = api.store.pending(&r, 1).pop();
+            if let Some(l) = &line {
+                r.push((l.batch_id.clone(), l.line));
+            }
+            line
+        };
+        let Some(line) = claimed else {
+            let _ = wake.recv_timeout(IDLE_WAIT);
+            continue;
+        };
+        let outcome = run(state, &line);
+        if let Outcome::Result { ok, text } = &outcome {
+            api.store.record(&line.batch_id, line.line, *ok, text);
+        }
+        lock(running).retain(|(b, n)| !(*b == line.batch_id && *n == line.line));
+        match outcome {
+            Outcome::Again { wait } => std::thread::sleep(wait),
+            // The last line of a batch: the keeper finalizes it at once.
+            Outcome::Result { .. } => {
+                let _ = api.wake.try_send(());
+            }
+        }
+    }
+}
+
+/// Cancelled and expired batches' pending lines fail (those running finish
+/// first); batches with no line pending or running get their files and
+/// their end.
+fn settle(state: &AppState, running: &Running) {
+    let Some(api) = state.batches.as_ref() else {
+        return;
+    };
+    let now = now_s();
+    for (batch, pending) in api.store.to_settle(now) {
+        let ending = match batch.status {
+            Status::Cancelling => Some((
+                "batch_cancelled",
+                "the batch was cancelled before this line ran",
+                Status::Cancelled,
+            )),
+            _ if batch.expires_at <= now => Some((
+                "batch_expired",
+                "the batch's completion window ended before this line ran",
+                Status::Expired,
+            )),
+            _ => None,
+        };
+        let busy = |l: &Line| {
+            lock(running)
+                .iter()
+                .any(|(b, n)| *b == l.batch_id && *n == l.line)
+        };
+        if let Some((code, message, _)) = ending {
+            for l in pending.iter().filter(|l| !busy(l)) {
+                let text = error_line(&new_id("batch_req_"), l, None, code, message);
+                api.store.record(&l.batch_id, l.line, false, &text);
+            }
+        }
+        if pending.iter().any(busy) || (ending.is_none() && !pending.is_empty()) {
+            continue;
+        }
+        let end = ending.map_or(Status::Completed, |(_, _, end)| end);
+        match api.store.finalize(&batch.id, end) {
+            Ok(()) => crate::say!(
+                "sluice: batch {} {}: {} lines",
+                batch.id,
+                end.name(),
+                batch.total
+            ),
+            Err(e) => crate::say!("sluice: batch {}: cannot finalize: {e:?}", batch.id),
+        }
+    }
+}
+
+enum Outcome {
+    /// Refused for overload: run it again after `wait`.
+    Again { wait: Duration },
+    /// The line's result: a line of the output file (`ok`) or the error file.
+    Result { ok: bool, text: String },
+}
+
+/// A response written into memory.
+#[derive(Clone, Default)]
+struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Buffer {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn header(name: &str, value: &str) -> Header {
+    Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid header")
+}
+
+/// One line through the handlers, as a request from this host.
+fn run(state: &AppState, line: &Line) -> Outcome {
+    let id = new_id("batch_req_");
+    let mut headers = vec![
+        header("Host", "localhost"),
+        header("Content-Type", "application/json"),
+        header("X-Priority", "batch"),
+        header("X-Request-Id", &id),
+    ];
+    if let Some(keys) = &state.cfg.api_keys {
+        match keys.by_name(&line.owner) {
+            Some(k) => headers.push(header("Authorization", &format!("Bearer {}", k.secret()))),
+            None => {
+                let message = "the API key that made this batch is no longer in --api-key-file";
+                let text = error_line(&id, line, None, "invalid_api_key", message);
+                return Outcome::Result { ok: false, text };
+            }
+        }
+    }
+    let out = Buffer::default();
+    let req = Request::from_parts(
+        Method::Post,
+        line.endpoint.clone(),
+        HTTPVersion(1, 1),
+        headers,
+        Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+        line.body.as_bytes().to_vec(),
+        Box::new(out.clone()),
+        Completion::default(),
+    );
+    super::handle(state, req);
+    let bytes = std::mem::take(&mut *out.0.lock().unwrap_or_else(|p| p.into_inner()));
+    let Some(resp) = parse_response(&bytes) else {
+        let text = error_line(
+            &id,
+            line,
+            None,
+            "server_error",
+            "the server wrote no response",
+        );
+        return Outcome::Result { ok: false, text };
+    };
+    if matches!(resp.status, 429 | 503) && resp.header("x-should-retry") != Some("false") {
+        let ms = resp
+            .header("retry-after-ms")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(1000)
+            .clamp(RETRY_WAIT_MIN_MS, RETRY_WAIT_MAX_MS);
+        return Outcome::Again {
+            wait: Duration::from_millis(ms),
+        };
+    }
+    let body: Value = serde_json::from_slice(&resp.body).unwrap_or(Value::Null);
+    let response = json!({"status_code": resp.status, "request_id": id, "body": body});
+    if resp.status == 200 {
+        let text =
+            json!({"id": id, "custom_id": line.custom_id, "response": response, "error": null});
+        return Outcome::Result {
+            ok: true,
+            text: text.to_string(),
+        };
+    }
+    let code = body["error"]["code"]
+        .as_str()
+        .unwrap_or("error")
+        .to_string();
+    let message = body["error"]["message"].as_str().unwrap_or("").to_string();
+    let text = error_line(&id, line, Some(response), &code, &message);
+    Outcome::Result { ok: false, text }
+}
+
+/// A line of a batch's error file.
+fn error_line(id: &str, line: &Line, response: Option<Value>, code: &str, message: &str) -> String {
+    json!({
+        "id": id,
+        "custom_id": line.custom_id,
+        "response": response,
+        "error": {"code": code, "message": message},
+    })
+    .to_string()
+}
+
+struct Parsed {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Parsed {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// An HTTP/1.1 response as tiny_http writes it: status line, headers, and a
+/// body of `Content-Length` bytes or in chunks.
+fn parse_response(bytes: &[u8]) -> Option<Parsed> {
+    let end = bytes.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&bytes[..end]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split(' ').nth(1)?.parse().ok()?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut p = Parsed {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    let rest = &bytes[end + 4..];
+    if p.header("transfer-encoding")
+        .is_some_and(|v| v.eq_ignore_ascii_case("chunked"))
+    {
+        p.body = dechunk(rest)?;
+    } else {
+        let n = p
+            .header("content-length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(rest.len());
+        p.body = rest.get(..n)?.to_vec();
+    }
+    Some(p)
+}
+
+fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        let eol = rest.windows(2).position(|w| w == b"\r\n")?;
+        let size_text = std::str::from_utf8(&rest[..eol]).ok()?;
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        rest = &rest[eol + 2..];
+        if size == 0 {
+            return Some(body);
+        }
+        body.extend_from_slice(rest.get(..size)?);
+        rest = rest.get(size + 2..)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_read_whole_with_either_framing() {
+        let plain = b"HTTP/1.1 429 Too Many Requests\r\nretry-after-ms: 1200\r\nContent-Length: 2\r\n\r\n{}";
+        let p = parse_response(plain).unwrap();
+        assert_eq!(
+            (p.status, p.header("Retry-After-Ms"), p.body.as_slice()),
+            (429, Some("1200"), &b"{}"[..])
+        );
+        let chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n";
+        assert_eq!(parse_response(chunked).unwrap().body, b"abcde");
+        assert!(parse_response(b"HTTP/1.1 200 OK\r\n").is_none());
+    }
+}
