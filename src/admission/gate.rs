@@ -303,6 +303,12 @@ impl QueueGauge {
         retry_after_s(ahead, tokens, s.rates, s.bounds[class.index()])
     }
 
+    /// Requests of `class` in a slot or waiting for one.
+    pub fn holds(&self, class: Class) -> usize {
+        let s = self.lock();
+        s.load.running[class.index()] + s.load.waiting[class.index()]
+    }
+
     /// Requests of `class` waiting for a slot.
     pub fn queued_requests(&self, class: Class) -> usize {
         self.lock().load.waiting[class.index()]

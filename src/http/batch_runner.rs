@@ -11,12 +11,26 @@
 //! Any other answer is the line's one result (`Store::record`). Worker 0
 //! also moves batches on (cancelled, expired, or with no line left: their
 //! output and error files) and removes what outlived the retention.
+//!
+//! Batch lines take only capacity interactive traffic leaves: a worker
+//! starts a line only while no interactive request runs or waits, and the
+//! watcher (`sluice-yield`) preempts the lines running when one
+//! arrives. A line's request has a loopback TCP connection as its client
+//! socket; preempting it closes the client end, so the handler sees its
+//! client leave and the engine frees the line's slot at the next step, as
+//! for any client that leaves (its prompt's KV state goes to the prefix
+//! cache; the line runs again later). So interactive streams share their
+//! steps with batch lines only until the watcher and the disconnect probe
+//! have seen them (milliseconds).
 
 use super::AppState;
 use crate::batch::{new_id, now_s, Line, Status};
+use crate::priority::Class;
 use crossbeam_channel::Receiver;
 use serde_json::{json, Value};
 use std::io::Write;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -30,37 +44,92 @@ const REMOVE_EVERY: Duration = Duration::from_secs(60);
 const RETRY_WAIT_MIN_MS: u64 = 50;
 const RETRY_WAIT_MAX_MS: u64 = 10_000;
 
+/// How often the watcher looks for interactive requests, and how long a
+/// worker that yields waits before it looks again.
+const WATCH_INTERVAL: Duration = Duration::from_millis(5);
+const YIELD_WAIT: Duration = Duration::from_millis(20);
+
 /// The lines being run now: `(batch id, line number)`.
 type Running = Mutex<Vec<(String, i64)>>;
 
-/// Starts the workers; they stop once the server drains.
+/// A worker's line in flight, as the watcher sees it: the client end of its
+/// loopback connection (closing it preempts the line), and whether it did.
+#[derive(Default)]
+struct InFlight {
+    client: Mutex<Option<TcpStream>>,
+    preempted: AtomicBool,
+}
+
+impl InFlight {
+    fn busy(&self) -> bool {
+        self.client
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+    }
+
+    fn preempt(&self) {
+        let client = self.client.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(c) = client {
+            self.preempted.store(true, Ordering::Relaxed);
+            let _ = c.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Starts the workers and their watcher; they stop once the server drains.
 pub fn start(
     state: Arc<AppState>,
     wake: Receiver<()>,
     workers: usize,
 ) -> Result<Vec<JoinHandle<()>>, String> {
     let running: Arc<Running> = Arc::default();
-    (0..workers)
+    let flights: Arc<Vec<InFlight>> = Arc::new((0..workers).map(|_| InFlight::default()).collect());
+    let mut threads = (0..workers)
         .map(|i| {
             let (state, wake, running) = (Arc::clone(&state), wake.clone(), Arc::clone(&running));
+            let flights = Arc::clone(&flights);
             std::thread::Builder::new()
                 .name(format!("sluice-batch-{i}"))
-                .spawn(move || work(&state, &wake, &running, i == 0))
+                .spawn(move || work(&state, &wake, &running, &flights[i], i == 0))
                 .map_err(|e| format!("cannot start a batch worker: {e}"))
         })
-        .collect()
+        .collect::<Result<Vec<_>, String>>()?;
+    let watcher = std::thread::Builder::new()
+        .name("sluice-yield".into())
+        .spawn(move || watch(&state, &flights))
+        .map_err(|e| format!("cannot start the batch watcher: {e}"))?;
+    threads.push(watcher);
+    Ok(threads)
+}
+
+/// Interactive requests in a slot or waiting for one: batch lines yield.
+fn interactive_present(state: &AppState) -> bool {
+    state.queue.holds(Class::Interactive) > 0
+}
+
+/// Preempts the lines running whenever an interactive request is present.
+fn watch(state: &AppState, flights: &[InFlight]) {
+    while !state.stopping.load(Ordering::Relaxed) {
+        std::thread::sleep(WATCH_INTERVAL);
+        if flights.iter().any(InFlight::busy) && interactive_present(state) {
+            flights.iter().for_each(InFlight::preempt);
+        }
+    }
 }
 
 fn lock(running: &Running) -> std::sync::MutexGuard<'_, Vec<(String, i64)>> {
     running.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn work(state: &AppState, wake: &Receiver<()>, running: &Running, keeper: bool) {
+fn work(state: &AppState, wake: &Receiver<()>, running: &Running, flight: &InFlight, keeper: bool) {
     let Some(api) = state.batches.as_ref() else {
         return;
     };
+    // The server side of each line's loopback connection comes from here.
+    let loopback = TcpListener::bind(("127.0.0.1", 0)).ok();
     let mut removed_at: Option<Instant> = None;
-    while !state.stopping.load(std::sync::atomic::Ordering::Relaxed) {
+    while !state.stopping.load(Ordering::Relaxed) {
         if keeper {
             settle(state, running);
             if removed_at.is_none_or(|t| t.elapsed() >= REMOVE_EVERY) {
@@ -70,6 +139,10 @@ fn work(state: &AppState, wake: &Receiver<()>, running: &Running, keeper: bool) 
                 }
                 removed_at = Some(Instant::now());
             }
+        }
+        if interactive_present(state) {
+            std::thread::sleep(YIELD_WAIT);
+            continue;
         }
         let claimed = {
             let mut r = lock(running);
@@ -83,7 +156,7 @@ fn work(state: &AppState, wake: &Receiver<()>, running: &Running, keeper: bool) 
             let _ = wake.recv_timeout(IDLE_WAIT);
             continue;
         };
-        let outcome = run(state, &line);
+        let outcome = run(state, &line, loopback.as_ref(), flight);
         if let Outcome::Result { ok, text } = &outcome {
             api.store.record(&line.batch_id, line.line, *ok, text);
         }
@@ -175,8 +248,14 @@ fn header(name: &str, value: &str) -> Header {
     Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid header")
 }
 
-/// One line through the handlers, as a request from this host.
-fn run(state: &AppState, line: &Line) -> Outcome {
+/// One line through the handlers, as a request from this host whose
+/// client socket is a loopback connection the watcher may close.
+fn run(
+    state: &AppState,
+    line: &Line,
+    loopback: Option<&TcpListener>,
+    flight: &InFlight,
+) -> Outcome {
     let id = new_id("batch_req_");
     let mut headers = vec![
         header("Host", "localhost"),
@@ -195,7 +274,7 @@ fn run(state: &AppState, line: &Line) -> Outcome {
         }
     }
     let out = Buffer::default();
-    let req = Request::from_parts(
+    let mut req = Request::from_parts(
         Method::Post,
         line.endpoint.clone(),
         HTTPVersion(1, 1),
@@ -205,7 +284,22 @@ fn run(state: &AppState, line: &Line) -> Outcome {
         Box::new(out.clone()),
         Completion::default(),
     );
+    if let Some((client, server)) = loopback.and_then(connected_pair) {
+        req.set_peer_socket(Some(std::os::fd::OwnedFd::from(server)));
+        *flight.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(client);
+    }
     super::handle(state, req);
+    flight
+        .client
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    if flight.preempted.swap(false, Ordering::Relaxed) {
+        // Not a result: the line runs again once interactive requests are gone.
+        return Outcome::Again {
+            wait: Duration::ZERO,
+        };
+    }
     let bytes = std::mem::take(&mut *out.0.lock().unwrap_or_else(|p| p.into_inner()));
     let Some(resp) = parse_response(&bytes) else {
         let text = error_line(
@@ -244,6 +338,13 @@ fn run(state: &AppState, line: &Line) -> Outcome {
     let message = body["error"]["message"].as_str().unwrap_or("").to_string();
     let text = error_line(&id, line, Some(response), &code, &message);
     Outcome::Result { ok: false, text }
+}
+
+/// A connected loopback pair: (client end, server end).
+fn connected_pair(listener: &TcpListener) -> Option<(TcpStream, TcpStream)> {
+    let client = TcpStream::connect(listener.local_addr().ok()?).ok()?;
+    let (server, _) = listener.accept().ok()?;
+    Some((client, server))
 }
 
 /// A line of a batch's error file.

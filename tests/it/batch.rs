@@ -1,7 +1,7 @@
 //! The Batch API: the official OpenAI client's whole round (`tests/py/batch_sdk.py`),
 //! a batch that survives a SIGKILL mid-way, and the store's bounds.
 
-use crate::harness::{request, wait_until, Server};
+use crate::harness::{collect_stream, request, wait_until, Server, Sse};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -222,4 +222,71 @@ fn the_stores_bounds_are_refused_by_name_and_the_api_can_be_off() {
     let r = request(off.addr, "GET", "/v1/batches", None, &[]);
     assert_eq!(r.status, 404);
     assert!(String::from_utf8_lossy(&r.body).contains("batch_api_off"));
+}
+
+#[test]
+fn an_interactive_request_preempts_running_batch_lines_which_run_again_later() {
+    let srv = Server::start(&[]);
+    let (_, f) = upload(&srv, &chat_lines(6, 400));
+    let (status, b) = create(&srv, f["id"].as_str().unwrap());
+    assert_eq!(status, 200, "{b}");
+    let path = format!("/v1/batches/{}", b["id"].as_str().unwrap());
+    wait_until(WAIT, "batch lines to run", || {
+        srv.metric("sluice_sequences_active") >= 1.0
+    });
+    let body = json!({"messages": [{"role": "user", "content": "Say something."}],
+                      "max_tokens": 300, "ignore_eos": true, "stream": true, "temperature": 0});
+    let mut sse = Sse::open(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(sse.status, 200);
+    // While the interactive stream runs, it runs alone: the batch lines were
+    // cancelled as if their clients had left, and none starts beside it.
+    wait_until(WAIT, "the batch lines to give way", || {
+        srv.metric("sluice_sequences_active") == 1.0
+    });
+    let preempted = srv.metric("sluice_requests_cancelled_total{reason=\"disconnect\"}");
+    assert!(preempted >= 1.0, "no batch line was preempted");
+    let (text, _) = collect_stream(&mut sse);
+    assert!(!text.is_empty());
+    // Then the batch goes on, and every line still has one result.
+    wait_until(WAIT, "the batch to complete", || {
+        get(&srv, &path)["status"] == "completed"
+    });
+    let b = get(&srv, &path);
+    assert_eq!(
+        b["request_counts"],
+        json!({"total": 6, "completed": 6, "failed": 0})
+    );
+}
+
+#[test]
+fn a_full_store_refuses_uploads_by_name_and_stays_consistent() {
+    let srv = Server::start(&["--batch-file-bytes-max", "4096", "--data-bytes-max", "8192"]);
+    let content = "y".repeat(3000);
+    let (s1, f1) = upload(&srv, &content);
+    let (s2, _) = upload(&srv, &content);
+    assert_eq!((s1, s2), (200, 200));
+    let (status, e) = upload(&srv, &content);
+    assert_eq!(
+        (status, e["error"]["code"].as_str()),
+        (429, Some("storage_full")),
+        "{e}"
+    );
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--data-bytes-max"));
+    assert_eq!(get(&srv, "/v1/files")["data"].as_array().unwrap().len(), 2);
+    assert_eq!(srv.metric("sluice_batch_stored_bytes"), 6000.0);
+    let r = request(
+        srv.addr,
+        "DELETE",
+        &format!("/v1/files/{}", f1["id"].as_str().unwrap()),
+        None,
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    let (status, _) = upload(&srv, &content);
+    assert_eq!(status, 200, "room again after a delete");
+    assert_eq!(srv.metric("sluice_batch_stored_bytes"), 6000.0);
+    assert_eq!(srv.metric("sluice_batch_files"), 2.0);
 }

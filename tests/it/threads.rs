@@ -15,7 +15,10 @@ fn thread_counts(pid: u32) -> BTreeMap<String, usize> {
         let comm = comm.trim();
         let key = if comm.starts_with("sluice-http-") {
             "sluice-http-*".to_string()
-        } else if comm.starts_with("sluice-batch-") {
+        } else if comm
+            .strip_prefix("sluice-batch-")
+            .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        {
             "sluice-batch-*".to_string()
         } else {
             comm.to_string()
@@ -104,6 +107,7 @@ fn compute_threads_equal_usable_cores_and_only_io_threads_grow_with_load() {
             "sluice-conn",
             "sluice-tarpit",
             "sluice-batch-*",
+            "sluice-yield",
         ];
         assert!(
             counts.keys().all(|k| known.contains(&k.as_str())),
