@@ -136,6 +136,9 @@ pub enum CancelReason {
     Deadline = 3,
     /// The server is shutting down.
     Shutdown = 4,
+    /// A batch line gave way to interactive requests (`http::batch_runner`);
+    /// it runs again later.
+    Preempted = 5,
 }
 
 impl CancelReason {
@@ -146,14 +149,16 @@ impl CancelReason {
             CancelReason::Stall => "stall",
             CancelReason::Deadline => "deadline",
             CancelReason::Shutdown => "shutdown",
+            CancelReason::Preempted => "preempted",
         }
     }
 
-    pub const ALL: [CancelReason; 4] = [
+    pub const ALL: [CancelReason; 5] = [
         CancelReason::Disconnect,
         CancelReason::Stall,
         CancelReason::Deadline,
         CancelReason::Shutdown,
+        CancelReason::Preempted,
     ];
 
     fn from_u8(v: u8) -> Option<CancelReason> {

@@ -305,7 +305,12 @@ fn batch_store(
     );
     let (wake, rx) = crossbeam_channel::bounded(1);
     let store = Arc::new(store);
-    Ok(Some((http::batches::BatchApi { store, wake }, rx)))
+    let api = http::batches::BatchApi {
+        store,
+        wake,
+        preemption: Default::default(),
+    };
+    Ok(Some((api, rx)))
 }
 
 /// The state every handler reads.

@@ -14,23 +14,23 @@
 //!
 //! Batch lines take only capacity interactive traffic leaves: a worker
 //! starts a line only while no interactive request runs or waits, and the
-//! watcher (`sluice-yield`) preempts the lines running when one
-//! arrives. A line's request has a loopback TCP connection as its client
-//! socket; preempting it closes the client end, so the handler sees its
-//! client leave and the engine frees the line's slot at the next step, as
-//! for any client that leaves (its prompt's KV state goes to the prefix
-//! cache; the line runs again later). So interactive streams share their
-//! steps with batch lines only until the watcher and the disconnect probe
-//! have seen them (milliseconds).
+//! watcher (`sluice-yield`) preempts the lines in flight when one arrives:
+//! it sets their cancel flags (`Preemption`, which the intake gives each
+//! line's flags to), so the engine frees their slots at its next step (or
+//! aborts a pass that served only them), as for a request whose client left;
+//! a preempted line is not a result and runs again later (its prompt's KV
+//! state is in the prefix cache). So interactive streams share their steps
+//! with batch lines only until the watcher has seen them.
 
 use super::AppState;
 use crate::batch::{new_id, now_s, Line, Status};
 use crate::priority::Class;
+use crate::stream::{CancelFlag, CancelReason};
 use crossbeam_channel::Receiver;
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::io::Write;
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -52,27 +52,58 @@ const YIELD_WAIT: Duration = Duration::from_millis(20);
 /// The lines being run now: `(batch id, line number)`.
 type Running = Mutex<Vec<(String, i64)>>;
 
-/// A worker's line in flight, as the watcher sees it: the client end of its
-/// loopback connection (closing it preempts the line), and whether it did.
+/// The batch lines in flight, by request id, and their cancel flags: the
+/// runner registers a line before handing it to the handlers, the intake
+/// attaches the flags of its jobs (`attach`), the watcher cancels them all
+/// (`preempt_all`), and the runner learns on `finish` whether it did.
 #[derive(Default)]
-struct InFlight {
-    client: Mutex<Option<TcpStream>>,
-    preempted: AtomicBool,
+pub struct Preemption {
+    lines: Mutex<HashMap<String, Preemptible>>,
 }
 
-impl InFlight {
-    fn busy(&self) -> bool {
-        self.client
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some()
+#[derive(Default)]
+struct Preemptible {
+    flags: Vec<CancelFlag>,
+    preempted: bool,
+}
+
+impl Preemption {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Preemptible>> {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn preempt(&self) {
-        let client = self.client.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some(c) = client {
-            self.preempted.store(true, Ordering::Relaxed);
-            let _ = c.shutdown(Shutdown::Both);
+    fn register(&self, id: &str) {
+        self.lock().insert(id.to_string(), Preemptible::default());
+    }
+
+    /// Whether the line was preempted; it is forgotten.
+    fn finish(&self, id: &str) -> bool {
+        self.lock().remove(id).is_some_and(|p| p.preempted)
+    }
+
+    /// The cancel flags of the line `id`'s jobs, if `id` is a line in flight;
+    /// cancelled at once if it was preempted before they existed.
+    pub fn attach(&self, id: &str, flags: &[CancelFlag]) {
+        if let Some(p) = self.lock().get_mut(id) {
+            if p.preempted {
+                flags
+                    .iter()
+                    .for_each(|f| f.cancel(CancelReason::Preempted, 0));
+            }
+            p.flags.extend(flags.iter().cloned());
+        }
+    }
+
+    fn busy(&self) -> bool {
+        self.lock().values().any(|p| !p.preempted)
+    }
+
+    fn preempt_all(&self, step: u64) {
+        for p in self.lock().values_mut() {
+            p.preempted = true;
+            p.flags
+                .iter()
+                .for_each(|f| f.cancel(CancelReason::Preempted, step));
         }
     }
 }
@@ -84,20 +115,18 @@ pub fn start(
     workers: usize,
 ) -> Result<Vec<JoinHandle<()>>, String> {
     let running: Arc<Running> = Arc::default();
-    let flights: Arc<Vec<InFlight>> = Arc::new((0..workers).map(|_| InFlight::default()).collect());
     let mut threads = (0..workers)
         .map(|i| {
             let (state, wake, running) = (Arc::clone(&state), wake.clone(), Arc::clone(&running));
-            let flights = Arc::clone(&flights);
             std::thread::Builder::new()
                 .name(format!("sluice-batch-{i}"))
-                .spawn(move || work(&state, &wake, &running, &flights[i], i == 0))
+                .spawn(move || work(&state, &wake, &running, i == 0))
                 .map_err(|e| format!("cannot start a batch worker: {e}"))
         })
         .collect::<Result<Vec<_>, String>>()?;
     let watcher = std::thread::Builder::new()
         .name("sluice-yield".into())
-        .spawn(move || watch(&state, &flights))
+        .spawn(move || watch(&state))
         .map_err(|e| format!("cannot start the batch watcher: {e}"))?;
     threads.push(watcher);
     Ok(threads)
@@ -108,12 +137,16 @@ fn interactive_present(state: &AppState) -> bool {
     state.queue.holds(Class::Interactive) > 0
 }
 
-/// Preempts the lines running whenever an interactive request is present.
-fn watch(state: &AppState, flights: &[InFlight]) {
+/// Preempts the lines in flight whenever an interactive request is present.
+fn watch(state: &AppState) {
+    let Some(api) = state.batches.as_ref() else {
+        return;
+    };
     while !state.stopping.load(Ordering::Relaxed) {
         std::thread::sleep(WATCH_INTERVAL);
-        if flights.iter().any(InFlight::busy) && interactive_present(state) {
-            flights.iter().for_each(InFlight::preempt);
+        if api.preemption.busy() && interactive_present(state) {
+            api.preemption
+                .preempt_all(state.metrics.steps.load(Ordering::Relaxed));
         }
     }
 }
@@ -122,12 +155,10 @@ fn lock(running: &Running) -> std::sync::MutexGuard<'_, Vec<(String, i64)>> {
     running.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn work(state: &AppState, wake: &Receiver<()>, running: &Running, flight: &InFlight, keeper: bool) {
+fn work(state: &AppState, wake: &Receiver<()>, running: &Running, keeper: bool) {
     let Some(api) = state.batches.as_ref() else {
         return;
     };
-    // The server side of each line's loopback connection comes from here.
-    let loopback = TcpListener::bind(("127.0.0.1", 0)).ok();
     let mut removed_at: Option<Instant> = None;
     while !state.stopping.load(Ordering::Relaxed) {
         if keeper {
@@ -156,7 +187,7 @@ fn work(state: &AppState, wake: &Receiver<()>, running: &Running, flight: &InFli
             let _ = wake.recv_timeout(IDLE_WAIT);
             continue;
         };
-        let outcome = run(state, &line, loopback.as_ref(), flight);
+        let outcome = run(state, &line);
         if let Outcome::Result { ok, text } = &outcome {
             api.store.record(&line.batch_id, line.line, *ok, text);
         }
@@ -248,14 +279,9 @@ fn header(name: &str, value: &str) -> Header {
     Header::from_bytes(name.as_bytes(), value.as_bytes()).expect("a valid header")
 }
 
-/// One line through the handlers, as a request from this host whose
-/// client socket is a loopback connection the watcher may close.
-fn run(
-    state: &AppState,
-    line: &Line,
-    loopback: Option<&TcpListener>,
-    flight: &InFlight,
-) -> Outcome {
+/// One line through the handlers, as a request from this host (port 0:
+/// no socket's peer has it), whose jobs the watcher may preempt.
+fn run(state: &AppState, line: &Line) -> Outcome {
     let id = new_id("batch_req_");
     let mut headers = vec![
         header("Host", "localhost"),
@@ -274,7 +300,7 @@ fn run(
         }
     }
     let out = Buffer::default();
-    let mut req = Request::from_parts(
+    let req = Request::from_parts(
         Method::Post,
         line.endpoint.clone(),
         HTTPVersion(1, 1),
@@ -284,17 +310,10 @@ fn run(
         Box::new(out.clone()),
         Completion::default(),
     );
-    if let Some((client, server)) = loopback.and_then(connected_pair) {
-        req.set_peer_socket(Some(std::os::fd::OwnedFd::from(server)));
-        *flight.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(client);
-    }
+    let preemption = state.batches.as_ref().map(|api| &api.preemption);
+    preemption.inspect(|p| p.register(&id));
     super::handle(state, req);
-    flight
-        .client
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take();
-    if flight.preempted.swap(false, Ordering::Relaxed) {
+    if preemption.is_some_and(|p| p.finish(&id)) {
         // Not a result: the line runs again once interactive requests are gone.
         return Outcome::Again {
             wait: Duration::ZERO,
@@ -338,13 +357,6 @@ fn run(
     let message = body["error"]["message"].as_str().unwrap_or("").to_string();
     let text = error_line(&id, line, Some(response), &code, &message);
     Outcome::Result { ok: false, text }
-}
-
-/// A connected loopback pair: (client end, server end).
-fn connected_pair(listener: &TcpListener) -> Option<(TcpStream, TcpStream)> {
-    let client = TcpStream::connect(listener.local_addr().ok()?).ok()?;
-    let (server, _) = listener.accept().ok()?;
-    Some((client, server))
 }
 
 /// A line of a batch's error file.
@@ -422,6 +434,32 @@ fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_preempted_line_has_its_flags_cancelled_even_those_attached_later() {
+        let p = Preemption::default();
+        p.register("a");
+        p.register("b");
+        let early = CancelFlag::default();
+        p.attach("a", std::slice::from_ref(&early));
+        p.attach("stranger", &[CancelFlag::default()]);
+        assert!(p.busy());
+        p.preempt_all(7);
+        assert_eq!(early.reason(), Some(CancelReason::Preempted));
+        assert_eq!(early.at_step(), 7);
+        assert!(!p.busy(), "nothing left to preempt");
+        let late = CancelFlag::default();
+        p.attach("b", std::slice::from_ref(&late));
+        assert_eq!(
+            late.reason(),
+            Some(CancelReason::Preempted),
+            "cancelled on attach"
+        );
+        assert!(p.finish("a") && p.finish("b"));
+        assert!(!p.finish("a"), "forgotten once finished");
+        p.register("c");
+        assert!(!p.finish("c"), "not preempted");
+    }
 
     #[test]
     fn responses_are_read_whole_with_either_framing() {

@@ -33,6 +33,8 @@ pub const UPLOADS_AT_ONCE: usize = 2;
 pub struct BatchApi {
     pub store: Arc<Store>,
     pub wake: crossbeam_channel::Sender<()>,
+    /// The lines in flight, which give way to interactive requests.
+    pub preemption: super::batch_runner::Preemption,
 }
 
 pub(super) fn is_route(path: &str) -> bool {

@@ -33,6 +33,9 @@ pub(super) struct Intake<'a> {
     /// The connection's socket, held for probing while this request waits: a
     /// client that leaves is seen even when nothing is being written to it.
     probe: Option<OwnedFd>,
+    /// A batch line's request id (`batch_runner`: from port 0, which no
+    /// socket's peer has): its jobs' cancel flags go to `Preemption`.
+    batch_line: Option<String>,
 }
 
 /// What every endpoint reads of a request before its body.
@@ -80,6 +83,10 @@ impl<'a> Intake<'a> {
             }
             return None;
         }
+        let batch_line = req
+            .remote_addr()
+            .is_some_and(|a| a.port() == 0)
+            .then(|| super::request_id(&req));
         let intake = Intake {
             state,
             _in_flight: in_flight,
@@ -88,6 +95,7 @@ impl<'a> Intake<'a> {
             tags,
             client,
             probe,
+            batch_line,
         };
         Some((intake, req))
     }
@@ -186,6 +194,9 @@ impl<'a> Intake<'a> {
         cancel: Vec<CancelFlag>,
     ) -> reply::Waiter {
         let probe = self.probe.take();
+        if let (Some(id), Some(api)) = (&self.batch_line, &self.state.batches) {
+            api.preemption.attach(id, &cancel);
+        }
         reply::Waiter::new(
             self.state,
             self.t0,

@@ -162,6 +162,12 @@ impl Waiter {
                 limit_ms: self.stall_timeout_ms,
             },
             Some(CancelReason::Shutdown) => ApiError::ShuttingDown,
+            Some(CancelReason::Preempted) => ApiError::Batch {
+                status: 503,
+                code: "preempted",
+                message: "a batch line gave way to interactive requests; it runs again later"
+                    .into(),
+            },
             _ => ApiError::Engine {
                 message: "the engine stopped before the request ended".into(),
             },

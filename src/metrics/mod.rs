@@ -116,7 +116,7 @@ pub struct Metrics {
     pub completed: AtomicU64,
     /// Admitted requests cancelled before the end, by `CancelReason` (index
     /// `reason as usize - 1`): their sequence stopped and freed its KV cells.
-    cancelled: [AtomicU64; 4],
+    cancelled: [AtomicU64; CancelReason::ALL.len()],
     /// Tokens sampled for a request whose cancel flag was already set: the cost
     /// of noticing late (at most one per running sequence per step).
     pub tokens_after_cancel: AtomicU64,

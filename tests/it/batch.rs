@@ -239,11 +239,11 @@ fn an_interactive_request_preempts_running_batch_lines_which_run_again_later() {
     let mut sse = Sse::open(srv.addr, "/v1/chat/completions", &body);
     assert_eq!(sse.status, 200);
     // While the interactive stream runs, it runs alone: the batch lines were
-    // cancelled as if their clients had left, and none starts beside it.
+    // preempted (cancelled, to run again later), and none starts beside it.
     wait_until(WAIT, "the batch lines to give way", || {
         srv.metric("sluice_sequences_active") == 1.0
     });
-    let preempted = srv.metric("sluice_requests_cancelled_total{reason=\"disconnect\"}");
+    let preempted = srv.metric("sluice_requests_cancelled_total{reason=\"preempted\"}");
     assert!(preempted >= 1.0, "no batch line was preempted");
     let (text, _) = collect_stream(&mut sse);
     assert!(!text.is_empty());
