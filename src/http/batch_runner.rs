@@ -31,7 +31,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 use tiny_http::{Completion, HTTPVersion, Header, Method, Request};
@@ -59,6 +59,8 @@ type Running = Mutex<Vec<(String, i64)>>;
 #[derive(Default)]
 pub struct Preemption {
     lines: Mutex<HashMap<String, Preemptible>>,
+    /// Signalled when a line is registered: the watcher sleeps until then.
+    registered: Condvar,
 }
 
 #[derive(Default)]
@@ -74,6 +76,17 @@ impl Preemption {
 
     fn register(&self, id: &str) {
         self.lock().insert(id.to_string(), Preemptible::default());
+        self.registered.notify_all();
+    }
+
+    /// Waits until a line not yet preempted is in flight, at most `limit`.
+    fn wait_busy(&self, limit: Duration) -> bool {
+        let idle = |m: &mut HashMap<String, Preemptible>| m.values().all(|p| p.preempted);
+        let (m, _) = self
+            .registered
+            .wait_timeout_while(self.lock(), limit, idle)
+            .unwrap_or_else(|p| p.into_inner());
+        m.values().any(|p| !p.preempted)
     }
 
     /// Whether the line was preempted; it is forgotten.
@@ -143,6 +156,10 @@ fn watch(state: &AppState) {
         return;
     };
     while !state.stopping.load(Ordering::Relaxed) {
+        // Asleep while no line is in flight: an idle box pays no wake-ups.
+        if !api.preemption.wait_busy(IDLE_WAIT) {
+            continue;
+        }
         std::thread::sleep(WATCH_INTERVAL);
         if api.preemption.busy() && interactive_present(state) {
             api.preemption
@@ -171,10 +188,6 @@ fn work(state: &AppState, wake: &Receiver<()>, running: &Running, keeper: bool) 
                 removed_at = Some(Instant::now());
             }
         }
-        if interactive_present(state) {
-            std::thread::sleep(YIELD_WAIT);
-            continue;
-        }
         let claimed = {
             let mut r = lock(running);
             let line = api.store.pending(&r, 1).pop();
@@ -187,6 +200,13 @@ fn work(state: &AppState, wake: &Receiver<()>, running: &Running, keeper: bool) 
             let _ = wake.recv_timeout(IDLE_WAIT);
             continue;
         };
+        // Only capacity interactive requests leave (checked once there is
+        // a line to run: with no batch work, the workers stay asleep).
+        if interactive_present(state) {
+            lock(running).retain(|(b, n)| !(*b == line.batch_id && *n == line.line));
+            std::thread::sleep(YIELD_WAIT);
+            continue;
+        }
         let outcome = run(state, &line);
         if let Outcome::Result { ok, text } = &outcome {
             api.store.record(&line.batch_id, line.line, *ok, text);
@@ -438,7 +458,9 @@ mod tests {
     #[test]
     fn a_preempted_line_has_its_flags_cancelled_even_those_attached_later() {
         let p = Preemption::default();
+        assert!(!p.wait_busy(Duration::from_millis(1)), "nothing in flight");
         p.register("a");
+        assert!(p.wait_busy(Duration::from_secs(600)), "a line in flight");
         p.register("b");
         let early = CancelFlag::default();
         p.attach("a", std::slice::from_ref(&early));
