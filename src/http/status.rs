@@ -388,10 +388,32 @@ pub(super) fn status_json(state: &AppState) -> serde_json::Value {
         "step_budget_tokens": m.step_budget_tokens,
         "itl_target_s": state.cfg.itl_target.as_secs_f64(),
         "front": front,
+        "batch": batch_status(state),
         "histograms": {
             "ttft": histogram(state.metrics.ttft.class(interactive)),
             "itl": histogram(state.metrics.inter_token.class(interactive)),
             "queue_wait": histogram(state.metrics.queue_wait.class(interactive)),
         },
+    })
+}
+
+/// The Batch API's store for `/status`: batches by status, lines by state,
+/// bytes kept; `null` with `--data-dir off`.
+fn batch_status(state: &AppState) -> serde_json::Value {
+    let Some(api) = &state.batches else {
+        return serde_json::Value::Null;
+    };
+    let st = api.store.stored();
+    let batches: serde_json::Map<String, serde_json::Value> = crate::batch::Status::ALL
+        .iter()
+        .zip(st.batches)
+        .map(|(s, n)| (s.name().to_string(), n.into()))
+        .collect();
+    serde_json::json!({
+        "batches": batches,
+        "lines": {"pending": st.lines_pending, "done": st.lines_done, "failed": st.lines_failed},
+        "files": st.files,
+        "stored_bytes": st.bytes,
+        "stored_bytes_max": api.store.limits().stored_bytes_max,
     })
 }

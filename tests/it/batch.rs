@@ -110,6 +110,11 @@ fn the_official_openai_client_uploads_runs_cancels_and_downloads_batches() {
     assert_eq!(srv.metric("sluice_batch_lines{state=\"pending\"}"), 0.0);
     assert_eq!(srv.metric("sluice_batches{status=\"completed\"}"), 1.0);
     assert_eq!(srv.metric("sluice_batches{status=\"cancelled\"}"), 1.0);
+    // The status page's numbers are the same.
+    let st = get(&srv, "/status");
+    assert_eq!(st["batch"]["batches"]["completed"], 1, "{st}");
+    assert_eq!(st["batch"]["batches"]["cancelled"], 1, "{st}");
+    assert_eq!(st["batch"]["lines"]["pending"], 0, "{st}");
 }
 
 #[test]
