@@ -201,11 +201,19 @@ fn work(state: &AppState, wake: &Receiver<()>, running: &Running, keeper: bool) 
             continue;
         };
         // Only capacity interactive requests leave (checked once there is
-        // a line to run: with no batch work, the workers stay asleep).
-        if interactive_present(state) {
-            lock(running).retain(|(b, n)| !(*b == line.batch_id && *n == line.line));
+        // a line to run: with no batch work, the workers stay asleep). The
+        // line stays claimed while they are present, and only the gate is
+        // looked at meanwhile (no query); the keeper still settles batches.
+        let mut settled = Instant::now();
+        while interactive_present(state) && !state.stopping.load(Ordering::Relaxed) {
             std::thread::sleep(YIELD_WAIT);
-            continue;
+            if keeper && settled.elapsed() >= IDLE_WAIT {
+                settle(state, running);
+                settled = Instant::now();
+            }
+        }
+        if state.stopping.load(Ordering::Relaxed) {
+            break;
         }
         let outcome = run(state, &line);
         if let Outcome::Result { ok, text } = &outcome {
