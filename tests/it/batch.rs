@@ -1,7 +1,7 @@
 //! The Batch API: the official OpenAI client's whole round (`tests/py/batch_sdk.py`),
 //! a batch that survives a SIGKILL mid-way, and the store's bounds.
 
-use crate::harness::{collect_stream, request, wait_until, Server, Sse};
+use crate::harness::{collect_stream, request, test_python, wait_until, Server, Sse};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,16 +9,6 @@ use std::process::Command;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(900);
-
-fn python() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python");
-    assert!(
-        p.exists(),
-        "the test virtualenv is missing: run deploy/install-deps --for-tests ({})",
-        p.display()
-    );
-    p
-}
 
 /// A JSONL of `n` chat requests, `max_tokens` each (`ignore_eos`: every one
 /// generates that many).
@@ -81,7 +71,7 @@ fn get(srv: &Server, path: &str) -> Value {
 fn the_official_openai_client_uploads_runs_cancels_and_downloads_batches() {
     let srv = Server::start(&[]);
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/batch_sdk.py");
-    let out = Command::new(python())
+    let out = Command::new(test_python())
         .arg(script)
         .arg(format!("http://{}", srv.addr))
         .output()

@@ -40,6 +40,18 @@ pub fn suite_calibration_cache() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("calibration.json")
 }
 
+/// The Python of the test virtualenv (`deploy/install-deps --for-tests`),
+/// which has the official OpenAI client.
+pub fn test_python() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python");
+    assert!(
+        p.exists(),
+        "the test virtualenv is missing: run deploy/install-deps --for-tests ({})",
+        p.display()
+    );
+    p
+}
+
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_sluice")
 }

@@ -1,24 +1,14 @@
 //! The official OpenAI Python client against sluice (`tests/py/openai_sdk.py`,
 //! in the virtualenv `deploy/install-deps --for-tests` makes).
 
-use crate::harness::{model_path, Server};
+use crate::harness::{model_path, test_python, Server};
 use std::path::PathBuf;
 use std::process::Command;
-
-fn python() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-venv/bin/python");
-    assert!(
-        p.exists(),
-        "the test virtualenv is missing: run deploy/install-deps --for-tests ({})",
-        p.display()
-    );
-    p
-}
 
 /// Runs the named checks of `openai_sdk.py` against `srv`; fails with their output.
 fn run_checks(srv: &Server, checks: &[&str]) {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_sdk.py");
-    let out = Command::new(python())
+    let out = Command::new(test_python())
         .arg(script)
         .arg(format!("http://{}", srv.addr))
         .arg(model_path())

@@ -13,9 +13,10 @@ import io
 import json
 import sys
 import time
-import traceback
 
 import openai
+
+import checks
 
 BASE = sys.argv[1]
 client = openai.OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -134,20 +135,7 @@ def check_files_are_listed_read_and_deleted():
 
 
 def main():
-    names = sys.argv[2:]
-    checks = {k: v for k, v in globals().items() if k.startswith("check_")}
-    chosen = [(k, f) for k, f in checks.items() if not names or k[len("check_"):] in names]
-    failed = 0
-    for name, f in chosen:
-        try:
-            f()
-            print(f"ok   {name}", flush=True)
-        except Exception:  # noqa: BLE001 -- every failure is reported by name
-            failed += 1
-            print(f"FAIL {name}", flush=True)
-            traceback.print_exc()
-    print(f"{len(chosen) - failed} passed, {failed} failed")
-    return min(failed, 100)
+    return checks.run(globals(), sys.argv[2:])
 
 
 if __name__ == "__main__":

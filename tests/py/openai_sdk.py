@@ -12,7 +12,6 @@ Checks assert what the answers are, never how fast they came.
 
 import json
 import sys
-import traceback
 import urllib.request
 
 import gguf
@@ -20,6 +19,8 @@ import jinja2
 import jinja2.sandbox
 import jsonschema
 import openai
+
+import checks
 
 BASE, MODEL_PATH = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=BASE + "/v1", api_key="unused", max_retries=0, timeout=600)
@@ -429,26 +430,7 @@ def check_embeddings_come_back_through_the_sdk():
 
 
 def main():
-    names = sys.argv[3:]
-    checks = {k: v for k, v in globals().items() if k.startswith("check_")}
-    unknown = [n for n in names if "check_" + n not in checks and n not in checks]
-    if unknown:
-        print(f"no such check: {unknown}")
-        return 2
-    chosen = [
-        (k, f) for k, f in checks.items() if not names or k in names or k[len("check_") :] in names
-    ]
-    failed = 0
-    for name, f in chosen:
-        try:
-            f()
-            print(f"ok   {name}", flush=True)
-        except Exception:  # noqa: BLE001 -- every failure is reported by name
-            failed += 1
-            print(f"FAIL {name}", flush=True)
-            traceback.print_exc()
-    print(f"{len(chosen) - failed} passed, {failed} failed")
-    return min(failed, 100)
+    return checks.run(globals(), sys.argv[3:])
 
 
 if __name__ == "__main__":
