@@ -80,6 +80,37 @@ fn file_row(r: &rusqlite::Row) -> rusqlite::Result<FileMeta> {
     })
 }
 
+/// A line still to run, with its batch's endpoint and owner.
+const LINE_COLUMNS: &str = "SELECT l.batch_id, l.line, l.custom_id, b.endpoint, b.owner, l.body \
+    FROM lines l JOIN batches b ON b.id = l.batch_id";
+
+fn line_row(r: &rusqlite::Row) -> rusqlite::Result<Line> {
+    Ok(Line {
+        batch_id: r.get(0)?,
+        line: r.get(1)?,
+        custom_id: r.get(2)?,
+        endpoint: r.get(3)?,
+        owner: r.get(4)?,
+        body: r.get(5)?,
+    })
+}
+
+/// Every row `sql` gives, mapped by `row`; none if the query fails (a
+/// lookup that fails answers as if nothing were stored).
+fn rows<T>(
+    conn: &Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    row: impl FnMut(&rusqlite::Row) -> rusqlite::Result<T>,
+) -> Vec<T> {
+    let Ok(mut st) = conn.prepare(sql) else {
+        return Vec::new();
+    };
+    st.query_map(params, row)
+        .map(|rows| rows.filter_map(Result::ok).collect())
+        .unwrap_or_default()
+}
+
 fn failed(e: rusqlite::Error) -> Refusal {
     Refusal::Failed(e.to_string())
 }
@@ -184,17 +215,14 @@ impl Store {
 
     /// `owner`'s files, newest first, at most `limit`.
     pub fn files(&self, owner: &str, purpose: Option<&str>, limit: usize) -> Vec<FileMeta> {
-        let conn = self.conn();
-        let Ok(mut st) = conn.prepare(
+        rows(
+            &self.conn(),
             "SELECT id, purpose, filename, bytes, created_at, expires_at FROM files \
              WHERE owner = ?1 AND (?2 IS NULL OR purpose = ?2) \
              ORDER BY created_at DESC, rowid DESC LIMIT ?3",
-        ) else {
-            return Vec::new();
-        };
-        st.query_map(params![owner, purpose, limit as i64], file_row)
-            .map(|rows| rows.filter_map(Result::ok).collect())
-            .unwrap_or_default()
+            params![owner, purpose, limit as i64],
+            file_row,
+        )
     }
 
     /// Accepts a batch: its lines pending, in progress at once. Refused when
@@ -266,18 +294,17 @@ impl Store {
     /// `owner`'s batches, newest first, after the one named `after` (for
     /// paging), at most `limit`.
     pub fn batches(&self, owner: &str, after: Option<&str>, limit: usize) -> Vec<Batch> {
-        let conn = self.conn();
         let sql = format!(
             "SELECT {BATCH_COLUMNS} FROM batches b WHERE owner = ?1 AND \
              (?2 IS NULL OR rowid < (SELECT rowid FROM batches WHERE id = ?2)) \
              ORDER BY rowid DESC LIMIT ?3"
         );
-        let Ok(mut st) = conn.prepare(&sql) else {
-            return Vec::new();
-        };
-        st.query_map(params![owner, after, limit as i64], batch_row)
-            .map(|rows| rows.filter_map(Result::ok).collect())
-            .unwrap_or_default()
+        rows(
+            &self.conn(),
+            &sql,
+            params![owner, after, limit as i64],
+            batch_row,
+        )
     }
 
     /// Asks a batch in progress to stop: `cancelling` until its lines
@@ -296,36 +323,25 @@ impl Store {
     /// Up to `n` pending lines of batches in progress, oldest batch first and
     /// in file order, leaving out those in `running`.
     pub fn pending(&self, running: &[(String, i64)], n: usize) -> Vec<Line> {
-        let conn = self.conn();
-        let Ok(mut st) = conn.prepare(
-            "SELECT l.batch_id, l.line, l.custom_id, b.endpoint, b.owner, l.body \
-             FROM lines l JOIN batches b ON b.id = l.batch_id \
-             WHERE l.state = 'pending' AND b.status = 'in_progress' \
-             ORDER BY b.rowid, l.line LIMIT ?1",
-        ) else {
-            return Vec::new();
-        };
-        let rows = st.query_map(params![(n + running.len()) as i64], |r| {
-            Ok(Line {
-                batch_id: r.get(0)?,
-                line: r.get(1)?,
-                custom_id: r.get(2)?,
-                endpoint: r.get(3)?,
-                owner: r.get(4)?,
-                body: r.get(5)?,
+        let sql = format!(
+            "{LINE_COLUMNS} WHERE l.state = 'pending' AND b.status = 'in_progress' \
+             ORDER BY b.rowid, l.line LIMIT ?1"
+        );
+        let lines = rows(
+            &self.conn(),
+            &sql,
+            params![(n + running.len()) as i64],
+            line_row,
+        );
+        lines
+            .into_iter()
+            .filter(|l| {
+                !running
+                    .iter()
+                    .any(|(b, n)| *b == l.batch_id && *n == l.line)
             })
-        });
-        rows.map(|rows| {
-            rows.filter_map(Result::ok)
-                .filter(|l| {
-                    !running
-                        .iter()
-                        .any(|(b, n)| *b == l.batch_id && *n == l.line)
-                })
-                .take(n)
-                .collect()
-        })
-        .unwrap_or_default()
+            .take(n)
+            .collect()
     }
 
     /// A line's result (`ok`: the output file's line, else the error file's),
@@ -346,48 +362,24 @@ impl Store {
     /// progress with no line pending. With the lines still pending of the
     /// first two (which the caller fails, then finalizes).
     pub fn to_settle(&self, now: i64) -> Vec<(Batch, Vec<Line>)> {
-        let ids: Vec<(String, String)> = {
-            let conn = self.conn();
-            let Ok(mut st) = conn.prepare(
-                "SELECT id, owner FROM batches b WHERE status = 'cancelling' \
-                 OR (status = 'in_progress' AND (expires_at <= ?1 OR NOT EXISTS \
-                 (SELECT 1 FROM lines l WHERE l.batch_id = b.id AND l.state = 'pending')))",
-            ) else {
-                return Vec::new();
-            };
-            st.query_map(params![now], |r| Ok((r.get(0)?, r.get(1)?)))
-                .map(|rows| rows.filter_map(Result::ok).collect())
-                .unwrap_or_default()
-        };
+        let ids: Vec<(String, String)> = rows(
+            &self.conn(),
+            "SELECT id, owner FROM batches b WHERE status = 'cancelling' \
+             OR (status = 'in_progress' AND (expires_at <= ?1 OR NOT EXISTS \
+             (SELECT 1 FROM lines l WHERE l.batch_id = b.id AND l.state = 'pending')))",
+            params![now],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        );
         ids.into_iter()
             .filter_map(|(id, owner)| {
                 let b = self.batch(&owner, &id)?;
-                let lines = self.pending_of(&b.id, &owner, &b.endpoint);
+                let sql = format!(
+                    "{LINE_COLUMNS} WHERE l.batch_id = ?1 AND l.state = 'pending' ORDER BY l.line"
+                );
+                let lines = rows(&self.conn(), &sql, params![b.id], line_row);
                 Some((b, lines))
             })
             .collect()
-    }
-
-    fn pending_of(&self, batch_id: &str, owner: &str, endpoint: &str) -> Vec<Line> {
-        let conn = self.conn();
-        let Ok(mut st) = conn.prepare(
-            "SELECT line, custom_id, body FROM lines WHERE batch_id = ?1 AND state = 'pending' \
-             ORDER BY line",
-        ) else {
-            return Vec::new();
-        };
-        st.query_map(params![batch_id], |r| {
-            Ok(Line {
-                batch_id: batch_id.to_string(),
-                line: r.get(0)?,
-                custom_id: r.get(1)?,
-                endpoint: endpoint.to_string(),
-                owner: owner.to_string(),
-                body: r.get(2)?,
-            })
-        })
-        .map(|rows| rows.filter_map(Result::ok).collect())
-        .unwrap_or_default()
     }
 
     /// Ends a batch none of whose lines is pending: its results become its
@@ -489,7 +481,7 @@ impl Store {
             for (status, n) in rows.into_iter().flatten().flatten() {
                 let i = Status::ALL
                     .iter()
-                    .position(|st| *st == Status::parse(&status))
+                    .position(|st| st.name() == status)
                     .unwrap_or(0);
                 s.batches[i] += n as u64;
             }

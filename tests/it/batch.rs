@@ -1,11 +1,10 @@
 //! The Batch API: the official OpenAI client's whole round (`tests/py/batch_sdk.py`),
 //! a batch that survives a SIGKILL mid-way, and the store's bounds.
 
-use crate::harness::{collect_stream, request, test_python, wait_until, Server, Sse};
+use crate::harness::{collect_stream, request, run_python_checks, wait_until, Server, Sse};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(900);
@@ -70,29 +69,17 @@ fn get(srv: &Server, path: &str) -> Value {
 #[test]
 fn the_official_openai_client_uploads_runs_cancels_and_downloads_batches() {
     let srv = Server::start(&[]);
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/batch_sdk.py");
-    let out = Command::new(test_python())
-        .arg(script)
-        .arg(format!("http://{}", srv.addr))
-        .output()
-        .expect("run python");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_python_checks(
+        &srv,
+        "batch_sdk.py",
+        &[],
+        &[
+            "a_50_line_batch_completes_with_every_custom_id_answered_once",
+            "a_malformed_line_is_refused_with_its_line_number",
+            "cancel_stops_a_batch_mid_way_and_every_line_has_one_result",
+            "files_are_listed_read_and_deleted",
+        ],
     );
-    assert!(out.status.success(), "{text}\nserver log:\n{}", srv.log());
-    for check in [
-        "a_50_line_batch_completes_with_every_custom_id_answered_once",
-        "a_malformed_line_is_refused_with_its_line_number",
-        "cancel_stops_a_batch_mid_way_and_every_line_has_one_result",
-        "files_are_listed_read_and_deleted",
-    ] {
-        assert!(
-            text.contains(&format!("ok   check_{check}")),
-            "{check} did not run:\n{text}"
-        );
-    }
     // Every line ran as a batch-class request through admission.
     assert!(
         srv.metric("sluice_class_requests_total{class=\"batch\",outcome=\"completed\"}") >= 50.0

@@ -52,6 +52,34 @@ pub fn test_python() -> PathBuf {
     p
 }
 
+/// Runs the named checks of `tests/py/<script>` (a script run by
+/// `tests/py/checks.py`'s runner) against `srv`, with `args` after the
+/// server's URL; fails with their output unless every one ran and passed.
+pub fn run_python_checks(srv: &Server, script: &str, args: &[&str], checks: &[&str]) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/py")
+        .join(script);
+    let out = Command::new(test_python())
+        .arg(path)
+        .arg(format!("http://{}", srv.addr))
+        .args(args)
+        .args(checks)
+        .output()
+        .expect("run python");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}\nserver log:\n{}", srv.log());
+    for c in checks {
+        assert!(
+            text.contains(&format!("ok   check_{c}")),
+            "{c} did not run:\n{text}"
+        );
+    }
+}
+
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_sluice")
 }

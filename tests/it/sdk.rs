@@ -1,33 +1,8 @@
 //! The official OpenAI Python client against sluice (`tests/py/openai_sdk.py`,
 //! in the virtualenv `deploy/install-deps --for-tests` makes).
 
-use crate::harness::{model_path, test_python, Server};
+use crate::harness::{model_path, run_python_checks, Server};
 use std::path::PathBuf;
-use std::process::Command;
-
-/// Runs the named checks of `openai_sdk.py` against `srv`; fails with their output.
-fn run_checks(srv: &Server, checks: &[&str]) {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_sdk.py");
-    let out = Command::new(test_python())
-        .arg(script)
-        .arg(format!("http://{}", srv.addr))
-        .arg(model_path())
-        .args(checks)
-        .output()
-        .expect("run python");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{text}");
-    for c in checks {
-        assert!(
-            text.contains(&format!("ok   check_{c}")),
-            "{c} did not run:\n{text}"
-        );
-    }
-}
 
 /// Every check in `openai_sdk.py`, each named so a failure says which.
 const CHECKS: &[&str] = &[
@@ -51,7 +26,8 @@ const CHECKS: &[&str] = &[
 #[test]
 fn the_official_openai_client_gets_what_it_asks_for() {
     let srv = Server::start(&["--pooling", "mean"]);
-    run_checks(&srv, CHECKS);
+    let model = model_path();
+    run_python_checks(&srv, "openai_sdk.py", &[model.to_str().unwrap()], CHECKS);
     // Every check of the script is in the list above.
     let script = std::fs::read_to_string(
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_sdk.py"),
