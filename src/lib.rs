@@ -22,6 +22,7 @@ mod batch;
 mod calibrate;
 mod calibration_cache;
 mod config;
+mod cpu;
 mod door;
 mod embed;
 mod engine;

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[&[&str]] = &[
     &["log", "notify", "priority", "embed", "door"],
     &["ffi"],
-    &["batch", "grammar", "stream", "template"],
+    &["batch", "cpu", "grammar", "stream", "template"],
     &["metrics"],
     &["admission", "ratelimit"],
     &["engine", "auth"],

@@ -34,6 +34,12 @@ mod report;
 const CTX_TOKENS_DEFAULT_MAX: usize = 8192;
 
 pub fn run() -> Result<(), String> {
+    // Before anything else: code built for instructions this CPU lacks may
+    // fault anywhere after this point.
+    let missing = crate::cpu::missing();
+    if !missing.is_empty() {
+        return Err(crate::cpu::refusal(&missing, env!("SLUICE_TARGET_CPU")));
+    }
     let args = crate::config::args_with_env(std::env::args().collect(), |k| std::env::var(k).ok())?;
     let strs: Vec<&str> = args.iter().map(String::as_str).collect();
     let cli = match Cli::from_args(&strs[..1], &strs[1..]) {

@@ -232,3 +232,14 @@ pub fn strftime_now(format: &str) -> Option<String> {
     };
     (n > 0).then(|| String::from_utf8_lossy(&buf[..n]).into_owned())
 }
+
+/// CPUID leaf `leaf`, sub-leaf `sub`: EAX, EBX, ECX, EDX. (Safe to call on
+/// every x86-64 CPU; the intrinsic is marked `unsafe` in the older Rust
+/// releases sluice still builds with.)
+#[cfg(target_arch = "x86_64")]
+#[allow(unused_unsafe)]
+pub fn cpuid(leaf: u32, sub: u32) -> [u32; 4] {
+    // SAFETY: CPUID exists on every x86-64 CPU and only reads.
+    let r = unsafe { std::arch::x86_64::__cpuid_count(leaf, sub) };
+    [r.eax, r.ebx, r.ecx, r.edx]
+}
