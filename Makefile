@@ -2,14 +2,25 @@
 #   make serve   installs build dependencies, fetches the default model, builds
 #                sluice for this CPU and serves on 127.0.0.1:8080
 #   make test    the same set-up, then the whole test suite
+# and, to install it as a service:
+#   make deb     the Debian package, built for x86-64-v3 (any AVX2 CPU)
+#   make install that package, installed with apt (as root or with sudo)
 #
 # Everything is built with --release: the tests run the real model, and a debug
 # build of llama.cpp is too slow to serve it.
 
-CARGO ?= cargo
+# The first cargo at least as new as Cargo.toml's rust-version (PATH, then
+# rustup's ~/.cargo/bin, then under sudo the invoking user's); a sentence and
+# exit 1 when there is none.
+CARGO ?= ./deploy/cargo
 ARGS ?=
+# The package's binary is built in its own target directory, for x86-64-v3,
+# so that `make build`'s binary stays the one for this CPU.
+DEB_TARGET ?= target/x86-64-v3
+DEB_VERSION = $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -n 1)
+DEB = target/debian/sluice_$(DEB_VERSION)-1_amd64.deb
 
-.PHONY: serve test unit integration service-unit lint deps model build
+.PHONY: serve test unit integration service-unit lint deps model test-models build deb install
 
 serve: deps model build
 	./target/release/sluice serve $(ARGS)
@@ -21,6 +32,10 @@ deps:
 
 model:
 	./models/fetch
+
+# The second model family the suite runs (Gemma 3, 270M, Q4_K_M).
+test-models: model
+	./models/fetch gemma3
 
 build:
 	$(CARGO) build --release --workspace
@@ -34,9 +49,20 @@ unit: deps
 
 # The real binary and the real model over real sockets; one at a time, since
 # each test's server uses every core. `build` provides the sluice-bench binary.
-integration: deps model build
+integration: deps test-models build deb
 	./deploy/install-deps --for-tests
 	$(CARGO) test --release --test it -- --test-threads=1
+
+# The Debian package (cargo-deb): /usr/bin/sluice built for x86-64-v3, the
+# units, /etc/default/sluice, the default model. In target/debian/.
+deb: deps model
+	./deploy/install-deps --for-package
+	RUSTFLAGS="-C target-cpu=x86-64-v3" $(CARGO) build --release --bin sluice --target-dir $(DEB_TARGET)
+	CARGO_TARGET_DIR=$(DEB_TARGET) $(CARGO) deb --no-build --strip --fast --output $(DEB)
+
+# Installs (or upgrades to) the package: the service starts on 127.0.0.1:8080.
+install: deb
+	$(if $(filter 0,$(shell id -u)),,sudo) apt-get install -y ./$(DEB)
 
 # deploy/sluice.service passes `systemd-analyze verify`.
 service-unit: build

@@ -18,6 +18,30 @@ pub const CHATML: &str = "{% for message in messages %}\
 {% endfor %}\
 {% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/// Gemma's turns (`<start_of_turn>user` ... `<end_of_turn>`, the assistant
+/// called `model`, a system message put before the first user turn), for a
+/// Gemma-family GGUF without a template (said at start-up). The BOS token is
+/// not written: tokenization adds it, as the vocabulary asks.
+pub const GEMMA: &str = "{% set first = namespace(prefix='') %}\
+{% for message in messages %}\
+{% if message['role'] == 'system' %}{% set first.prefix = first.prefix + message['content'] + '\n\n' %}\
+{% else %}\
+{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else 'user') + '\n' }}\
+{% if message['role'] == 'user' %}{{ first.prefix }}{% set first.prefix = '' %}{% endif %}\
+{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}\
+{% endif %}\
+{% endfor %}\
+{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}";
+
+/// The template for a GGUF that has none, by its `general.architecture`:
+/// Gemma's for the Gemma family, else ChatML.
+pub fn fallback_for(architecture: Option<&str>) -> (&'static str, Source) {
+    match architecture {
+        Some(arch) if arch.starts_with("gemma") => (GEMMA, Source::Fallback("Gemma", arch.into())),
+        _ => (CHATML, Source::ChatMlFallback),
+    }
+}
+
 /// Where a server's template came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -27,6 +51,9 @@ pub enum Source {
     File(String),
     /// ChatML: the GGUF has no template.
     ChatMlFallback,
+    /// A family's own turns (name, the GGUF's architecture): the GGUF has no
+    /// template.
+    Fallback(&'static str, String),
 }
 
 impl Source {
@@ -35,6 +62,9 @@ impl Source {
             Source::Model => "the model's Jinja template".into(),
             Source::File(path) => format!("the Jinja template in {path}"),
             Source::ChatMlFallback => "ChatML (fallback: the model has no chat template)".into(),
+            Source::Fallback(name, arch) => format!(
+                "{name}'s turns, built in (fallback: the model has no chat template; its architecture is {arch})"
+            ),
         }
     }
 }
@@ -155,6 +185,27 @@ mod tests {
             chatml().render(&msgs, None, false).unwrap(),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
         );
+    }
+
+    #[test]
+    fn a_gemma_model_without_a_template_gets_gemmas_turns() {
+        let (text, source) = fallback_for(Some("gemma3"));
+        assert_eq!(source, Source::Fallback("Gemma", "gemma3".into()));
+        let t = ChatTemplate::new(text, source, "<bos>".into(), "<eos>".into()).unwrap();
+        let msgs = serde_json::json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": " Hi "},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Bye"}
+        ]);
+        assert_eq!(
+            t.render(&msgs, None, true).unwrap(),
+            "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n\
+             <start_of_turn>model\nHello.<end_of_turn>\n\
+             <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+        );
+        assert_eq!(fallback_for(Some("llama")).1, Source::ChatMlFallback);
+        assert_eq!(fallback_for(None).1, Source::ChatMlFallback);
     }
 
     #[test]

@@ -3,12 +3,13 @@
 //!
 //! Chat messages are rendered with the model's own Jinja chat template (the
 //! GGUF's `tokenizer.chat_template`, or `--chat-template-file`), through
-//! `template`; ChatML only when the GGUF has none, said at start-up.
+//! `template`; when the GGUF has none, Gemma's turns for a Gemma model, else
+//! ChatML, said at start-up.
 
 use super::tools::{call_text, Tools};
 use super::validation::{Input, Message, Role};
 use crate::ffi::{Model, Token};
-use crate::template::{ChatTemplate, Source, CHATML};
+use crate::template::{fallback_for, ChatTemplate, Source};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -23,7 +24,8 @@ pub struct Prompter {
 }
 
 impl Prompter {
-    /// The template from `file` if given, else the GGUF's, else ChatML. A
+    /// The template from `file` if given, else the GGUF's, else the fallback
+    /// for its architecture (`template::fallback_for`). A
     /// template that does not compile is an error at start-up.
     pub fn new(model: Arc<Model>, file: Option<&Path>) -> Result<Prompter, String> {
         let (text, source) = match file {
@@ -34,7 +36,11 @@ impl Prompter {
             ),
             None => match model.chat_template() {
                 Some(t) => (t, Source::Model),
-                None => (CHATML.to_string(), Source::ChatMlFallback),
+                None => {
+                    let (text, source) =
+                        fallback_for(model.meta("general.architecture").as_deref());
+                    (text.to_string(), source)
+                }
             },
         };
         let piece = |t: Option<Token>| {

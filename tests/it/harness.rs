@@ -8,7 +8,7 @@ use serde_json::Value;
 use sluice_bench::http;
 use std::io::{BufRead, BufReader};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +29,18 @@ pub fn model_path() -> PathBuf {
     assert!(
         p.exists(),
         "the default model is missing: run models/fetch first ({})",
+        p.display()
+    );
+    p
+}
+
+/// The second model family the suite runs (`models/fetch gemma3`): Gemma 3
+/// 270M, Q4_K_M; a GGUF without a chat template.
+pub fn second_model_path() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        p.exists(),
+        "the second model is missing: run models/fetch gemma3 first ({})",
         p.display()
     );
     p
@@ -108,11 +120,19 @@ impl Server {
 
     /// Like `start`, with extra environment variables.
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
+        Server::launch(&[Path::new(binary())], &model_path(), args, env)
+    }
+
+    /// Starts `program serve` (`program`: a sluice binary, or a command
+    /// that runs one, such as an emulator and its flags) on a free port
+    /// with `model`, `args` and extra environment variables.
+    pub fn launch(program: &[&Path], model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
         let data_dir = fresh_data_dir();
-        let mut child = Command::new(binary())
+        let mut child = Command::new(program[0])
+            .args(&program[1..])
             .arg("serve")
             .arg("--model")
-            .arg(model_path())
+            .arg(model)
             .args(["--port", "0"])
             .args(args)
             // One calibration cache for the suite's servers, not the user's:

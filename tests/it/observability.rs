@@ -295,7 +295,17 @@ fn every_metric_the_dashboard_queries_is_one_sluice_exposes() {
 /// updates (virtual time), and what Chromium said on stderr.
 fn render_page(srv: &Server, extra: &[&str]) -> (String, String) {
     let url = format!("http://{}/", srv.addr);
-    let out = Command::new("chromium")
+    // Debian's name, else Ubuntu's.
+    let chromium = ["chromium", "chromium-browser"]
+        .into_iter()
+        .find(|name| {
+            Command::new("sh")
+                .args(["-c", &format!("command -v {name}")])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .unwrap_or("chromium");
+    let out = Command::new(chromium)
         .args([
             "--headless",
             "--no-sandbox",
