@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 mod engine_thread;
+mod memory;
 mod report;
 
 /// KV cells when neither `--ctx` nor the model says otherwise.
@@ -174,6 +175,20 @@ fn serve(cfg: Config) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     report::model(&cfg, &loaded, n_ctx);
     report::threads(&cfg, &front_size);
+    let stream_cells = crate::startup::staggered_cells(loaded.n_ctx);
+    let kv_cells = match cfg.kv_layout {
+        ffi::KvLayout::PerSequence => stream_cells * cfg.parallel,
+        ffi::KvLayout::Unified => stream_cells,
+    };
+    let memory = memory::bound(
+        &loaded.model,
+        started.pairing.1,
+        kv_cells,
+        cfg.prefix_cache_mb,
+    );
+    for line in memory.lines() {
+        crate::say!("{line}");
+    }
     let (_, [bounds, _]) = serving.gauge.snapshot();
     let status = format!(
         "STATUS=serving {} on {local}; L_max {}, queued prompt tokens <= {}",

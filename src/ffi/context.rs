@@ -80,6 +80,16 @@ impl KvType {
         }
     }
 
+    /// Bytes a K element and a V element take in the cache (q8_0: 34 bytes a
+    /// block of 32).
+    pub fn element_bytes(self) -> (f64, f64) {
+        let size = |t| match t {
+            sys::GGML_TYPE_Q8_0 => 34.0 / 32.0,
+            _ => 2.0,
+        };
+        (size(self.ggml_k()), size(self.ggml_v()))
+    }
+
     /// Whether it needs flash attention (a quantized V cache).
     pub fn needs_flash_attn(self) -> bool {
         self.ggml_v() != sys::GGML_TYPE_F16

@@ -63,3 +63,71 @@ fn kv_pages_go_back_to_the_kernel_when_idle_and_read_as_zeros_again() {
     let second = r.body_json();
     compare(&scored(&first), &scored(&second), 1).check("after the pages went back");
 }
+
+/// A cgroup of its own with a memory limit (v1's memory controller where the
+/// machine mounts it, else v2's), removed when dropped.
+struct Cgroup {
+    dir: std::path::PathBuf,
+}
+
+impl Cgroup {
+    fn with_limit(bytes: u64) -> Cgroup {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let name = format!("sluice-test-{}", std::process::id());
+        let (dir, file) = match own.lines().find_map(|l| l.split_once(":memory:")) {
+            Some((_, path)) => (
+                format!("/sys/fs/cgroup/memory{}/{name}", path.trim_end_matches('/')),
+                "memory.limit_in_bytes",
+            ),
+            None => (format!("/sys/fs/cgroup/{name}"), "memory.max"),
+        };
+        let dir = std::path::PathBuf::from(dir);
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        std::fs::write(dir.join(file), bytes.to_string()).unwrap();
+        Cgroup { dir }
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+#[test]
+fn a_memory_limit_below_what_the_kv_cells_may_take_is_a_warning_at_start() {
+    // The default model: ~175 MiB resident after start, but 4 streams of
+    // 8,448 q8_0 cells (394 MiB) and the prefix cache (96 MiB) on top.
+    let limit_mib = 400;
+    let cgroup = Cgroup::with_limit(limit_mib << 20);
+    let procs = cgroup.dir.join("cgroup.procs");
+    let enter = format!("echo $$ > {} && exec \"$@\"", procs.display());
+    let program = [
+        std::path::Path::new("sh"),
+        std::path::Path::new("-c"),
+        std::path::Path::new(&enter),
+        std::path::Path::new("sh"),
+        std::path::Path::new(binary()),
+    ];
+    let srv = Server::launch(&program, &model_path(), &["--kv-type", "q8_0"], &[]);
+    let log = srv.log();
+    let said = log
+        .lines()
+        .find(|l| l.starts_with("sluice: memory:"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        said.contains("KV cells up to 394 MiB (33792 cells x 12240 bytes"),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("limit (MemoryMax) is {limit_mib} MiB")),
+        "{said}"
+    );
+    assert!(
+        log.contains(&format!("the memory limit is {limit_mib} MiB"))
+            && log.contains("Raise MemoryMax"),
+        "{log}"
+    );
+    drop(srv);
+    drop(cgroup);
+}
