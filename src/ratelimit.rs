@@ -23,10 +23,13 @@ use std::time::{Duration, Instant};
 pub const LIMITED_WINDOW: Duration = Duration::from_secs(60);
 
 /// Who a request comes from: a verified API key (its index in the key file),
-/// or, without one, the address it connects from.
+/// or, without one, the fairness id a trusted gateway names
+/// (`x-gateway-inference-fairness-id`, hashed), or the address it connects
+/// from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClientId {
     Key(usize),
+    Fairness(u64),
     Addr(IpAddr),
 }
 

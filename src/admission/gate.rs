@@ -303,6 +303,24 @@ impl QueueGauge {
         retry_after_s(ahead, tokens, s.rates, s.bounds[class.index()])
     }
 
+    /// Forecast of the time to a new request's first token, if it came now
+    /// with `prompt_tokens` to prefill: the wait for a slot (none while one
+    /// is free for it; else the requests ahead of it, and itself, leaving at
+    /// the service rate `mu_req`), then the prompt tokens ahead of it and its
+    /// own at the prefill rate (prefill takes the cores in turn).
+    pub fn first_token_forecast(&self, class: Class, prompt_tokens: usize) -> Duration {
+        let s = self.lock();
+        let free = self.free_for(&s.load, class);
+        let (ahead, ahead_tokens) = s.load.ahead_of(class);
+        let bounds = s.bounds[class.index()];
+        let slot_wait_s = match ahead < free {
+            true => 0.0,
+            false => (ahead + 1 - free) as f64 / bounds.mu_req.max(1e-6),
+        };
+        let prefill_s = (ahead_tokens + prompt_tokens) as f64 / s.rates.prefill_tok_s.max(1e-6);
+        Duration::from_secs_f64((slot_wait_s + prefill_s).clamp(0.0, 86_400.0))
+    }
+
     /// Requests of `class` in a slot or waiting for one.
     pub fn holds(&self, class: Class) -> usize {
         let s = self.lock();

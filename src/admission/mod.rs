@@ -288,6 +288,12 @@ impl Admission {
     /// (the queue may have moved, and a request of `n` choices needs `n`
     /// places). The refused client is promised a return time for the
     /// typical request.
+    /// When a request of `class` with `prompt_tokens` to prefill would get
+    /// its first token if it came now (`QueueGauge::first_token_forecast`).
+    pub fn first_token_forecast(&self, class: Class, prompt_tokens: usize) -> Duration {
+        self.gauge.first_token_forecast(class, prompt_tokens)
+    }
+
     pub fn precheck(&self, class: Class) -> Result<(), Refused> {
         let r = match self.gauge.check(class) {
             Ok(()) => return Ok(()),

@@ -344,3 +344,23 @@ fn every_report_of_the_requests_alive_fits_the_channel() {
     assert_eq!(metrics.admission_reports_lost.load(Ordering::Relaxed), 0);
     drop((admission, gauge));
 }
+
+#[test]
+fn the_first_token_forecast_is_the_wait_for_a_slot_then_the_prefill_ahead_and_own() {
+    let g = gauge(1, 3, 100_000);
+    let (rates, bounds) = g.snapshot();
+    let prefill = |tokens: f64| tokens / rates.prefill_tok_s;
+    let close = |d: Duration, s: f64| (d.as_secs_f64() - s).abs() < 1e-3;
+    // A free slot: its own prompt only.
+    assert!(close(g.first_token_forecast(I, 200), prefill(200.0)));
+    // The slot taken, one of 300 tokens waiting: two leave before it starts,
+    // then both prompts are prefilled.
+    assert!(g.reserve(I, 1, 50).is_ok());
+    let _running = g.started(I, 50);
+    assert!(g.reserve(I, 1, 300).is_ok());
+    let slot_wait = 2.0 / bounds[I.index()].mu_req;
+    assert!(close(
+        g.first_token_forecast(I, 200),
+        slot_wait + prefill(500.0)
+    ));
+}

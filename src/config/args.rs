@@ -143,6 +143,11 @@ pub struct ServeArgs {
     /// client, for per-client rate limits by address (default: none)
     #[argh(option)]
     pub trusted_proxies: Option<String>,
+    /// inference objectives (comma-separated names) whose requests are
+    /// sheddable: a gateway's x-gateway-inference-objective naming one of
+    /// them puts the request in the batch class (default: none)
+    #[argh(option)]
+    pub batch_objectives: Option<String>,
     /// file of API keys, one '<name> <key> [rate=N] [burst=N]' per line:
     /// requests without a known key get 401 (default: none, no keys needed)
     #[argh(option)]

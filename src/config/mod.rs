@@ -211,6 +211,9 @@ pub struct Config {
     /// Connections from these are a proxy's: the client is the last address
     /// of their X-Forwarded-For.
     pub trusted_proxies: Vec<std::net::IpAddr>,
+    /// Inference objectives (a gateway's `x-gateway-inference-objective`)
+    /// whose requests go to the batch class.
+    pub batch_objectives: Vec<String>,
     pub api_keys: Option<KeyFile>,
     /// The operator's queue depth, instead of the derived one.
     pub queue_depth: Option<usize>,
@@ -312,6 +315,14 @@ impl Config {
             client_limit,
             client_table_max: a.client_table_max,
             trusted_proxies,
+            batch_objectives: a
+                .batch_objectives
+                .as_deref()
+                .unwrap_or("")
+                .split(',')
+                .map(|o| o.trim().to_string())
+                .filter(|o| !o.is_empty())
+                .collect(),
             api_keys,
             queue_depth: a.queue_depth,
             shed,

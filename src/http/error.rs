@@ -8,6 +8,7 @@
 
 use crate::admission::{QueueBound, QueueFull, Refused};
 use crate::door::refusal::{self, jittered_wait_ms};
+use crate::priority::Class;
 use crate::stream::ShedReason;
 use serde_json::json;
 
@@ -80,6 +81,16 @@ pub enum ApiError {
         message: String,
         retry_after_s: u64,
     },
+    /// A gateway's TTFT objective (`x-slo-ttft-ms`) the first token's forecast
+    /// is past: refused at once, so the gateway can send it elsewhere (429
+    /// for a sheddable request, 503 otherwise, as the inference gateways
+    /// expect).
+    SloUnmeetable {
+        class: Class,
+        slo_ms: u64,
+        forecast_ms: u64,
+        retry_after_s: u64,
+    },
     /// The caller's deadline passed before the request could start; it never ran.
     DeadlineExceeded {
         message: String,
@@ -147,6 +158,11 @@ impl ApiError {
             ApiError::Unauthorized { .. } => 401,
             ApiError::Engine { .. } => 500,
             ApiError::Shed { .. } => 503,
+            ApiError::SloUnmeetable {
+                class: Class::Batch,
+                ..
+            } => 429,
+            ApiError::SloUnmeetable { .. } => 503,
             ApiError::DeadlineExceeded { .. } => 504,
             ApiError::Timeout { .. } | ApiError::Stalled { .. } => 504,
             ApiError::Draining | ApiError::ShuttingDown => 503,
@@ -181,6 +197,7 @@ impl ApiError {
             ApiError::Engine { .. } => "engine_error",
             ApiError::Shed { reason, .. } => reason.as_str(),
             ApiError::DeadlineExceeded { .. } => "deadline_exceeded",
+            ApiError::SloUnmeetable { .. } => "slo_ttft_unmeetable",
             ApiError::Timeout { .. } => "request_timeout",
             ApiError::Stalled { .. } => "stream_stalled",
             ApiError::ClientGone => "client_gone",
@@ -195,6 +212,7 @@ impl ApiError {
             ApiError::QueueFull(_)
             | ApiError::RetriedEarly { .. }
             | ApiError::Shed { .. }
+            | ApiError::SloUnmeetable { .. }
             | ApiError::Draining
             | ApiError::ShuttingDown => "overloaded_error",
             ApiError::Engine { .. }
@@ -293,6 +311,7 @@ impl ApiError {
                 "the client read nothing of this stream for {limit_ms} ms (the stall timeout); generation was cancelled"
             ),
             ApiError::ClientGone => "the client closed the connection".into(),
+            ApiError::SloUnmeetable { .. } => self.slo_message(),
             ApiError::Draining => {
                 "the server is shutting down and takes no new requests; retry on another replica, or after it restarts".into()
             }
@@ -302,10 +321,28 @@ impl ApiError {
         }
     }
 
+    fn slo_message(&self) -> String {
+        let ApiError::SloUnmeetable {
+            class,
+            slo_ms,
+            forecast_ms,
+            ..
+        } = self
+        else {
+            return String::new();
+        };
+        format!(
+            "this {} request's first token is forecast in {forecast_ms} ms, past its \
+             x-slo-ttft-ms of {slo_ms} ms: refused before it queued; send it to another replica",
+            class.as_str()
+        )
+    }
+
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {
             ApiError::QueueFull(QueueFull { retry_after_s, .. })
-            | ApiError::Shed { retry_after_s, .. } => Some(*retry_after_s),
+            | ApiError::Shed { retry_after_s, .. }
+            | ApiError::SloUnmeetable { retry_after_s, .. } => Some(*retry_after_s),
             ApiError::RateLimited { retry_after_s, .. } => *retry_after_s,
             ApiError::RetriedEarly { wait_ms } => Some(wait_ms.div_ceil(1000).max(1)),
             ApiError::Draining | ApiError::ShuttingDown => Some(DRAIN_RETRY_AFTER_S),
@@ -393,7 +430,6 @@ impl ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::priority::Class;
 
     #[test]
     fn errors_have_openai_shape_and_stable_codes() {

@@ -36,6 +36,8 @@ pub(super) struct Intake<'a> {
     /// A batch line's request id (`batch_runner`: from port 0, which no
     /// socket's peer has): its jobs' cancel flags go to `Preemption`.
     batch_line: Option<String>,
+    /// The gateway's TTFT objective (`SLO_TTFT_HEADER`), once read.
+    slo_ttft_ms: Option<u64>,
 }
 
 /// What every endpoint reads of a request before its body.
@@ -44,6 +46,19 @@ pub(super) struct Ask {
     pub(super) timeout_ms: u64,
     pub(super) class: Class,
 }
+
+/// A gateway's time-to-first-token objective for the request, in ms
+/// (llm-d's `x-slo-ttft-ms`): one that the forecast says cannot be met is
+/// refused at once, before it queues.
+pub(super) const SLO_TTFT_HEADER: &str = "x-slo-ttft-ms";
+/// The gateway's inference objective (Gateway API Inference Extension): one
+/// named in `--batch-objectives` is sheddable, the batch class.
+pub(super) const OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
+/// The gateway's fairness id: from a trusted proxy, the client whose bucket
+/// is charged instead of the address.
+pub(super) const FAIRNESS_HEADER: &str = "x-gateway-inference-fairness-id";
+/// Longest fairness id taken (longer ones are cut).
+const FAIRNESS_ID_BYTES_MAX: usize = 256;
 
 impl<'a> Intake<'a> {
     /// The door: a draining server, an unknown key, or a queue that would
@@ -96,6 +111,7 @@ impl<'a> Intake<'a> {
             client,
             probe,
             batch_line,
+            slo_ttft_ms: None,
         };
         Some((intake, req))
     }
@@ -108,7 +124,8 @@ impl<'a> Intake<'a> {
         read: impl FnOnce(&mut Request, &Ask) -> Result<T, ApiError>,
     ) -> Result<(Ask, T), ApiError> {
         let timeout_ms = caller_timeout_ms(req, self.state.cfg.request_timeout_ms)?;
-        let class = priority_class(req)?;
+        let class = priority_class(req, &self.state.cfg.batch_objectives)?;
+        self.slo_ttft_ms = slo_ttft_ms(req)?;
         let ask = Ask { timeout_ms, class };
         let t = read(req, &ask)?;
         self.tags.push_str(&format!(" class={}", class.as_str()));
@@ -177,8 +194,27 @@ impl<'a> Intake<'a> {
         Some(self.t0 + Duration::from_millis(ask.timeout_ms))
     }
 
-    /// Submits the request's jobs: all are admitted or none is.
+    /// Submits the request's jobs: all are admitted or none is. With a
+    /// gateway's TTFT objective, first the forecast of the first token: past
+    /// the objective, the request is refused now, unqueued.
     pub(super) fn submit(&self, jobs: Vec<Job>) -> Result<(), ApiError> {
+        if let (Some(slo_ms), Some(first)) = (self.slo_ttft_ms, jobs.first()) {
+            let class = first.class;
+            let tokens = jobs.iter().map(Job::queued_tokens).sum();
+            let forecast = self.state.admission.first_token_forecast(class, tokens);
+            if forecast > Duration::from_millis(slo_ms) {
+                self.state
+                    .metrics
+                    .rejected_slo_ttft
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(ApiError::SloUnmeetable {
+                    class,
+                    slo_ms,
+                    forecast_ms: forecast.as_millis() as u64,
+                    retry_after_s: self.state.queue.retry_after_s(class),
+                });
+            }
+        }
         self.state
             .admission
             .submit_all(jobs)
@@ -262,7 +298,15 @@ pub(super) fn authenticate(state: &AppState, req: &Request) -> Result<Client, Ap
         let peer = req
             .remote_addr()
             .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
-        let ip = if state.cfg.trusted_proxies.contains(&peer) {
+        let trusted = state.cfg.trusted_proxies.contains(&peer);
+        if let Some(fair) = trusted.then(|| fairness_id(req)).flatten() {
+            return Ok(Client {
+                id: ClientId::Fairness(fair.0),
+                limit: default,
+                label: format!("fairness:{}", fair.1),
+            });
+        }
+        let ip = if trusted {
             forwarded_for(req).unwrap_or(peer)
         } else {
             peer
@@ -302,9 +346,66 @@ fn forwarded_for(req: &Request) -> Option<std::net::IpAddr> {
     h.value.as_str().rsplit(',').next()?.trim().parse().ok()
 }
 
-/// The request's priority class: `X-Priority: interactive | batch`; without
-/// the header, interactive.
-pub(super) fn priority_class(req: &Request) -> Result<Class, ApiError> {
+/// The gateway's fairness id, hashed, and as the log shows it (printable
+/// ASCII, at most 64 characters); `None` without one.
+fn fairness_id(req: &Request) -> Option<(u64, String)> {
+    use std::hash::{Hash, Hasher};
+    let h = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv(FAIRNESS_HEADER))?;
+    let id = h.value.as_str().trim();
+    let id = &id.as_bytes()[..id.len().min(FAIRNESS_ID_BYTES_MAX)];
+    if id.is_empty() {
+        return None;
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    id.hash(&mut hasher);
+    let shown: String = id
+        .iter()
+        .take(64)
+        .map(|&b| if b.is_ascii_graphic() { b as char } else { '?' })
+        .collect();
+    Some((hasher.finish(), shown))
+}
+
+/// The gateway's TTFT objective in ms, if it sent one.
+fn slo_ttft_ms(req: &Request) -> Result<Option<u64>, ApiError> {
+    let Some(h) = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv(SLO_TTFT_HEADER))
+    else {
+        return Ok(None);
+    };
+    let text = h.value.as_str().trim();
+    match text.parse::<f64>() {
+        Ok(ms) if ms.is_finite() && ms > 0.0 => Ok(Some(ms.ceil() as u64)),
+        _ => Err(ApiError::invalid(
+            SLO_TTFT_HEADER,
+            format!("{SLO_TTFT_HEADER} is '{text}'; it must be a positive number of milliseconds"),
+        )),
+    }
+}
+
+/// The request's priority class: the batch class when a gateway's inference
+/// objective is one of `batch_objectives` (sheddable), else `X-Priority:
+/// interactive | batch`; without either, interactive.
+pub(super) fn priority_class(
+    req: &Request,
+    batch_objectives: &[String],
+) -> Result<Class, ApiError> {
+    let objective = req
+        .headers()
+        .iter()
+        .find(|h| h.field.equiv(OBJECTIVE_HEADER));
+    if objective.is_some_and(|h| {
+        batch_objectives
+            .iter()
+            .any(|o| o == h.value.as_str().trim())
+    }) {
+        return Ok(Class::Batch);
+    }
     let Some(h) = req.headers().iter().find(|h| h.field.equiv("X-Priority")) else {
         return Ok(Class::Interactive);
     };
@@ -363,7 +464,7 @@ pub(super) fn at_the_door(
     client: &Client,
 ) -> Result<(), (ApiError, Option<Duration>)> {
     let now = Instant::now();
-    let Ok(class) = priority_class(req) else {
+    let Ok(class) = priority_class(req, &state.cfg.batch_objectives) else {
         return Ok(());
     };
     let refused = match state.admission.precheck(class) {

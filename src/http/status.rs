@@ -3,22 +3,89 @@
 
 use super::{not_ready, AppState};
 use crate::admission::{Bounds, Rates};
+use crate::metrics::EngineNow;
 use crate::priority::Class;
 
 /// The Prometheus text of `/metrics`.
 pub(super) fn metrics_text(state: &AppState) -> String {
     let (rates, class_bounds) = state.queue.snapshot();
     let bounds = class_bounds[Class::Interactive.index()];
-    let mut gauges = queue_gauges(state, bounds).to_vec();
+    // Read once: sluice's gauges and the gateway protocol's show the same.
+    let waiting = Class::ALL
+        .map(|c| state.queue.queued_requests(c))
+        .iter()
+        .sum::<usize>();
+    let engine = state.metrics.engine_now();
+    let mut gauges = queue_gauges(state, bounds, waiting).to_vec();
     gauges.extend(rate_and_engine_gauges(state, rates, bounds));
     let mut out = state.metrics.render(
         &gauges,
         &class_gauges(state, &class_bounds),
         state.limiter.gauges(),
+        engine,
     );
     front_text(state, &mut out);
     batch_text(state, &mut out);
+    protocol_text(state, waiting, engine, &mut out);
     out
+}
+
+/// Every stream's KV cells: `--parallel` streams of the per-sequence
+/// layout, or the unified pool.
+fn kv_cells_total(state: &AppState) -> usize {
+    match state.cfg.kv_layout {
+        crate::ffi::KvLayout::PerSequence => state.n_ctx * state.cfg.parallel,
+        crate::ffi::KvLayout::Unified => state.n_ctx,
+    }
+}
+
+/// The granularity a gateway's prefix scorer should hash prompts in: the
+/// shortest prefix sluice reuses from its prefix cache.
+const PROTOCOL_BLOCK_TOKENS: usize = 16;
+
+/// The model-server protocol of the Gateway API Inference Extension, under
+/// the names of its default engine profile (vLLM's): requests waiting,
+/// requests running, KV cache use as a fraction, and the cache's shape.
+fn protocol_text(state: &AppState, waiting: usize, engine: EngineNow, out: &mut String) {
+    use std::fmt::Write as _;
+    let total = kv_cells_total(state);
+    let usage = engine.kv_cells_reserved as f64 / total.max(1) as f64;
+    // A label value escapes backslash, quote and newline.
+    let model = state
+        .cfg
+        .model_name
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
+    for (name, help, v) in [
+        (
+            "vllm:num_requests_waiting",
+            "Requests waiting for a slot, all classes (= sluice_queue_depth).",
+            waiting as f64,
+        ),
+        (
+            "vllm:num_requests_running",
+            "Requests in the engine (= sluice_sequences_active).",
+            engine.running as f64,
+        ),
+        (
+            "vllm:kv_cache_usage_perc",
+            "KV cells reserved over all cells, 0 to 1 (= sluice_kv_cells_reserved / sluice_kv_cells_reservable).",
+            usage,
+        ),
+    ] {
+        let _ = writeln!(
+            out,
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{model_name=\"{model}\"}} {v}"
+        );
+    }
+    let _ = writeln!(
+        out,
+        "# HELP vllm:cache_config_info The KV cache's shape: blocks of block_size tokens (the shortest prefix sluice reuses), num_gpu_blocks of them.\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"{PROTOCOL_BLOCK_TOKENS}\",num_gpu_blocks=\"{}\"}} 1",
+        total / PROTOCOL_BLOCK_TOKENS
+    );
 }
 
 /// The Batch API's store: batches by status, lines by state, files and
@@ -120,7 +187,7 @@ fn class_gauges(state: &AppState, class_bounds: &[Bounds; Class::COUNT]) -> [Cla
 }
 
 /// The compute pool and the queue against its bounds.
-fn queue_gauges(state: &AppState, bounds: Bounds) -> [Gauge; 7] {
+fn queue_gauges(state: &AppState, bounds: Bounds, waiting: usize) -> [Gauge; 8] {
     [
         (
             "sluice_compute_threads",
@@ -135,10 +202,12 @@ fn queue_gauges(state: &AppState, bounds: Bounds) -> [Gauge; 7] {
         (
             "sluice_queue_depth",
             "Requests waiting for a slot, all classes.",
-            Class::ALL
-                .map(|c| state.queue.queued_requests(c))
-                .iter()
-                .sum::<usize>() as f64,
+            waiting as f64,
+        ),
+        (
+            "sluice_kv_cells_reservable",
+            "KV cells of every sequence's stream (--parallel streams; with --kv-layout unified, the pool).",
+            kv_cells_total(state) as f64,
         ),
         (
             "sluice_queue_depth_max",

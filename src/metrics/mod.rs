@@ -28,6 +28,9 @@ pub struct ClassCounters {
     pub rejected_queue_full: AtomicU64,
     /// Refused by the gate: the class's queued-token budget.
     pub rejected_token_budget: AtomicU64,
+    /// Refused because the first token's forecast was past a gateway's TTFT
+    /// objective.
+    pub rejected_slo_ttft: AtomicU64,
     /// Refused because the client's token bucket was short (before the gate).
     pub rate_limited: AtomicU64,
     /// Shed at dequeue (sojourn or TTFT budget).
@@ -46,6 +49,7 @@ impl Default for ClassCounters {
             admitted: AtomicU64::new(0),
             rejected_queue_full: AtomicU64::new(0),
             rejected_token_budget: AtomicU64::new(0),
+            rejected_slo_ttft: AtomicU64::new(0),
             rate_limited: AtomicU64::new(0),
             shed: AtomicU64::new(0),
             dropped_deadline: AtomicU64::new(0),
@@ -83,6 +87,13 @@ pub struct RateLimitGauges {
     pub evictions: u64,
 }
 
+/// The engine's gauges at one moment (`Metrics::engine_now`).
+#[derive(Debug, Clone, Copy)]
+pub struct EngineNow {
+    pub running: usize,
+    pub kv_cells_reserved: usize,
+}
+
 pub struct Metrics {
     /// Per priority class (`Class::index`).
     classes: [ClassCounters; Class::COUNT],
@@ -96,6 +107,9 @@ pub struct Metrics {
     pub rejected_queue_full: AtomicU64,
     /// Requests refused because their prompt would break the queued-token budget.
     pub rejected_token_budget: AtomicU64,
+    /// Refused because the first token's forecast was past a gateway's TTFT
+    /// objective.
+    pub rejected_slo_ttft: AtomicU64,
     /// Of the queue-full and token-budget refusals, those decided at the door
     /// from the queue's state alone: before the body was read, templated or
     /// tokenized.
@@ -191,6 +205,7 @@ impl Default for Metrics {
             accepted: AtomicU64::new(0),
             rejected_queue_full: AtomicU64::new(0),
             rejected_token_budget: AtomicU64::new(0),
+            rejected_slo_ttft: AtomicU64::new(0),
             rejected_before_parsing: AtomicU64::new(0),
             prompts_tokenized: AtomicU64::new(0),
             admission_reports_lost: AtomicU64::new(0),
@@ -356,6 +371,16 @@ impl Metrics {
                 (measured_s - predicted_s).abs() / measured_s,
             );
             record_permille(&self.step_ratio, measured_s / predicted_s);
+        }
+    }
+
+    /// The engine's sequences and reserved cells, read once, for one
+    /// rendering of `/metrics` (sluice's gauges and the gateway protocol's
+    /// then agree).
+    pub fn engine_now(&self) -> EngineNow {
+        EngineNow {
+            running: self.active_sequences.load(Ordering::Relaxed),
+            kv_cells_reserved: self.kv_cells_reserved.load(Ordering::Relaxed),
         }
     }
 

@@ -31,11 +31,12 @@ impl Metrics {
         static_gauges: &[(&str, &str, f64)],
         class_gauges: &[(&str, &str, [f64; Class::COUNT])],
         limiter: RateLimitGauges,
+        engine: EngineNow,
     ) -> String {
         let mut out = String::new();
         self.render_requests(&mut out);
         self.render_prefill_and_cache(&mut out);
-        self.render_engine(&mut out);
+        self.render_engine(&mut out, engine);
         self.render_classes(&mut out, static_gauges, class_gauges, limiter);
         self.render_latencies(&mut out);
         out
@@ -58,13 +59,15 @@ impl Metrics {
              sluice_requests_rejected_total{{reason=\"invalid\"}} {}\n\
              sluice_requests_rejected_total{{reason=\"rate_limited\"}} {}\n\
              sluice_requests_rejected_total{{reason=\"unauthorized\"}} {}\n\
-             sluice_requests_rejected_total{{reason=\"forbidden\"}} {}",
+             sluice_requests_rejected_total{{reason=\"forbidden\"}} {}\n\
+             sluice_requests_rejected_total{{reason=\"slo_ttft\"}} {}",
             l(&self.rejected_queue_full),
             l(&self.rejected_token_budget),
             l(&self.invalid),
             self.classes.iter().map(|c| l(&c.rate_limited)).sum::<u64>(),
             l(&self.unauthorized),
-            l(&self.forbidden)
+            l(&self.forbidden),
+            l(&self.rejected_slo_ttft)
         );
         counter(
             out,
@@ -188,7 +191,7 @@ impl Metrics {
     }
 
     /// Failures, drops, shedding, tokens and the engine's steps and gauges.
-    fn render_engine(&self, out: &mut String) {
+    fn render_engine(&self, out: &mut String, engine: EngineNow) {
         counter(
             out,
             "sluice_requests_failed_total",
@@ -252,7 +255,7 @@ impl Metrics {
             out,
             "sluice_sequences_active",
             "Sequences in the engine.",
-            g(&self.active_sequences),
+            engine.running as f64,
         );
         gauge(
             out,
@@ -270,7 +273,7 @@ impl Metrics {
             out,
             "sluice_kv_cells_reserved",
             "KV cells reserved for admitted sequences (prompt + max_tokens).",
-            g(&self.kv_cells_reserved),
+            engine.kv_cells_reserved as f64,
         );
     }
 

@@ -50,6 +50,7 @@ impl Metrics {
                 ("invalid", l(&self.invalid)),
                 ("unauthorized", l(&self.unauthorized)),
                 ("forbidden", l(&self.forbidden)),
+                ("slo_ttft", l(&self.rejected_slo_ttft)),
                 ("shed_sojourn", l(&self.shed_sojourn)),
                 ("shed_ttft_budget", l(&self.shed_ttft_budget)),
                 ("deadline", l(&self.dropped_deadline)),

@@ -11,6 +11,7 @@ mod bench;
 mod embeddings;
 mod flow;
 mod front;
+mod gateway;
 mod harness;
 mod hostile;
 mod memory;
