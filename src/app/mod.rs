@@ -201,6 +201,14 @@ fn serve(cfg: Config) -> Result<(), String> {
     if let (Some(wake), Some(b)) = (batch_wake, &state.cfg.batch) {
         http::batch_runner::start(Arc::clone(&state), wake, b.concurrency)?;
     }
+    if let Some(port) = state.cfg.agent_port {
+        let addr = format!("{}:{port}", state.cfg.host);
+        let agent = TcpListener::bind(&addr)
+            .map_err(|e| format!("cannot listen for the agent check on {addr}: {e}"))?;
+        let local = agent.local_addr().map_err(|e| e.to_string())?;
+        http::agent::start(Arc::clone(&state), agent)?;
+        crate::say!("sluice: HAProxy agent check on {local}");
+    }
     crate::say!("sluice: listening on http://{local}");
     notifier.notify(&format!("READY=1\n{status}"));
     supervise(signals, &engine.handle, &front, &notifier, &state)?;

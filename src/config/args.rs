@@ -143,6 +143,11 @@ pub struct ServeArgs {
     /// client, for per-client rate limits by address (default: none)
     #[argh(option)]
     pub trusted_proxies: Option<String>,
+    /// TCP port of HAProxy's agent check (on --host): each connection gets
+    /// one line, 'drain' while stopping, else 'ready N%' with N the headroom
+    /// left (default: off)
+    #[argh(option)]
+    pub agent_port: Option<u16>,
     /// inference objectives (comma-separated names) whose requests are
     /// sheddable: a gateway's x-gateway-inference-objective naming one of
     /// them puts the request in the batch class (default: none)

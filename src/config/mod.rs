@@ -214,6 +214,8 @@ pub struct Config {
     /// Inference objectives (a gateway's `x-gateway-inference-objective`)
     /// whose requests go to the batch class.
     pub batch_objectives: Vec<String>,
+    /// HAProxy's agent check's port (`http::agent`).
+    pub agent_port: Option<u16>,
     pub api_keys: Option<KeyFile>,
     /// The operator's queue depth, instead of the derived one.
     pub queue_depth: Option<usize>,
@@ -323,6 +325,7 @@ impl Config {
                 .map(|o| o.trim().to_string())
                 .filter(|o| !o.is_empty())
                 .collect(),
+            agent_port: a.agent_port,
             api_keys,
             queue_depth: a.queue_depth,
             shed,

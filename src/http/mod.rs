@@ -11,6 +11,7 @@
 //! The door runs its own I/O threads: `sluice-accept`, and one per open
 //! connection (`sluice-conn`; they read and parse requests and never compute).
 
+pub mod agent;
 pub mod batch_input;
 pub mod batch_runner;
 pub mod batches;

@@ -30,15 +30,6 @@ pub(super) fn metrics_text(state: &AppState) -> String {
     out
 }
 
-/// Every stream's KV cells: `--parallel` streams of the per-sequence
-/// layout, or the unified pool.
-fn kv_cells_total(state: &AppState) -> usize {
-    match state.cfg.kv_layout {
-        crate::ffi::KvLayout::PerSequence => state.n_ctx * state.cfg.parallel,
-        crate::ffi::KvLayout::Unified => state.n_ctx,
-    }
-}
-
 /// The granularity a gateway's prefix scorer should hash prompts in: the
 /// shortest prefix sluice reuses from its prefix cache.
 const PROTOCOL_BLOCK_TOKENS: usize = 16;
@@ -48,7 +39,7 @@ const PROTOCOL_BLOCK_TOKENS: usize = 16;
 /// requests running, KV cache use as a fraction, and the cache's shape.
 fn protocol_text(state: &AppState, waiting: usize, engine: EngineNow, out: &mut String) {
     use std::fmt::Write as _;
-    let total = kv_cells_total(state);
+    let total = state.n_ctx;
     let usage = engine.kv_cells_reserved as f64 / total.max(1) as f64;
     // A label value escapes backslash, quote and newline.
     let model = state
@@ -70,7 +61,7 @@ fn protocol_text(state: &AppState, waiting: usize, engine: EngineNow, out: &mut 
         ),
         (
             "vllm:kv_cache_usage_perc",
-            "KV cells reserved over all cells, 0 to 1 (= sluice_kv_cells_reserved / sluice_kv_cells_reservable).",
+            "KV cells reserved over the cells requests may reserve, 0 to 1 (= sluice_kv_cells_reserved / sluice_kv_cells).",
             usage,
         ),
     ] {
@@ -187,7 +178,7 @@ fn class_gauges(state: &AppState, class_bounds: &[Bounds; Class::COUNT]) -> [Cla
 }
 
 /// The compute pool and the queue against its bounds.
-fn queue_gauges(state: &AppState, bounds: Bounds, waiting: usize) -> [Gauge; 8] {
+fn queue_gauges(state: &AppState, bounds: Bounds, waiting: usize) -> [Gauge; 7] {
     [
         (
             "sluice_compute_threads",
@@ -203,11 +194,6 @@ fn queue_gauges(state: &AppState, bounds: Bounds, waiting: usize) -> [Gauge; 8] 
             "sluice_queue_depth",
             "Requests waiting for a slot, all classes.",
             waiting as f64,
-        ),
-        (
-            "sluice_kv_cells_reservable",
-            "KV cells of every sequence's stream (--parallel streams; with --kv-layout unified, the pool).",
-            kv_cells_total(state) as f64,
         ),
         (
             "sluice_queue_depth_max",

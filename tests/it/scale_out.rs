@@ -20,6 +20,18 @@ struct Haproxy {
     child: Child,
     addr: SocketAddr,
     log: Arc<Mutex<String>>,
+    /// Its stats socket (a second configuration file's `global` section).
+    stats: std::path::PathBuf,
+}
+
+/// A replica's agent-check port, from its start-up line (none without
+/// `--agent-port`: HAProxy then finds no agent at the default port, and
+/// keeps its weight).
+fn agent_port(srv: &Server) -> Option<u16> {
+    srv.log()
+        .lines()
+        .find_map(|l| l.strip_prefix("sluice: HAProxy agent check on "))
+        .map(|a| a.trim().parse::<SocketAddr>().unwrap().port())
 }
 
 impl Haproxy {
@@ -32,8 +44,24 @@ impl Haproxy {
             .port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/haproxy.cfg");
-        let mut child = Command::new("haproxy")
-            .args(["-f", cfg, "-db"])
+        let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        let stats = dir.join(format!("haproxy-{port}.sock"));
+        let extra = dir.join(format!("haproxy-{port}.cfg"));
+        std::fs::write(
+            &extra,
+            format!("global\n    stats socket {} level admin\n", stats.display()),
+        )
+        .unwrap();
+        let mut cmd = Command::new("haproxy");
+        for (i, r) in replicas.iter().enumerate() {
+            if let Some(port) = agent_port(r) {
+                cmd.env(format!("SLUICE_AGENT_PORT_{}", i + 1), port.to_string());
+            }
+        }
+        let mut child = cmd
+            .args(["-f", cfg, "-f"])
+            .arg(&extra)
+            .arg("-db")
             .env("SLUICE_LB_BIND", addr.to_string())
             .env("SLUICE_REPLICA_1", replicas[0].addr.to_string())
             .env("SLUICE_REPLICA_2", replicas[1].addr.to_string())
@@ -55,7 +83,12 @@ impl Haproxy {
                 }
             });
         }
-        let h = Haproxy { child, addr, log };
+        let h = Haproxy {
+            child,
+            addr,
+            log,
+            stats,
+        };
         wait_until(Duration::from_secs(120), "HAProxy listening", || {
             http::connect(addr, Duration::from_secs(1)).is_ok()
         });
@@ -64,6 +97,31 @@ impl Haproxy {
 
     fn log(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// A replica's `status` and `weight` in HAProxy's stats (`show stat`).
+    fn server(&self, name: &str) -> (String, u32) {
+        use std::io::{Read, Write};
+        let mut sock = std::os::unix::net::UnixStream::connect(&self.stats).expect("stats socket");
+        sock.write_all(b"show stat\n").unwrap();
+        let mut text = String::new();
+        sock.read_to_string(&mut text).unwrap();
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines
+            .next()
+            .unwrap()
+            .trim_start_matches("# ")
+            .split(',')
+            .collect();
+        let col = |n: &str| head.iter().position(|h| *h == n).unwrap();
+        let row: Vec<&str> = lines
+            .map(|l| l.split(',').collect::<Vec<&str>>())
+            .find(|r| r.len() > 1 && r[0] == "sluice_replicas" && r[1] == name)
+            .unwrap_or_else(|| panic!("{name} not in\n{text}"));
+        (
+            row[col("status")].to_string(),
+            row[col("weight")].parse().unwrap(),
+        )
     }
 
     /// Waits until HAProxy has logged `what` `times` times in all.
@@ -82,6 +140,7 @@ impl Drop for Haproxy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.stats);
     }
 }
 
@@ -302,4 +361,90 @@ fn a_stream_cut_by_its_replica_is_not_retried() {
         0.0,
         "HAProxy did not send the cut stream again"
     );
+}
+
+/// Replicas with an agent: four slots, one queue place.
+const AGENT_REPLICA: [&str; 8] = [
+    "--parallel",
+    "4",
+    "--queue-depth",
+    "1",
+    "--drain-notice-ms",
+    "1000",
+    "--agent-port",
+    "0",
+];
+
+/// How many of `n` short requests, one after another through HAProxy,
+/// replica 1 answered.
+fn served_by_replica1(lb: &Haproxy, n: usize) -> usize {
+    (0..n)
+        .filter(|&i| {
+            let r = lb.post(&json!({"prompt": format!("Probe {i}."), "max_tokens": 2}));
+            assert_eq!(r.status, 200, "{}", r.body_json());
+            r.header("X-Served-By") == Some("replica1")
+        })
+        .count()
+}
+
+#[test]
+fn haproxy_weights_follow_each_replicas_headroom_and_a_draining_one_gets_nothing() {
+    let r1 = Server::start(&AGENT_REPLICA);
+    let r2 = Server::start(&AGENT_REPLICA);
+    let lb = Haproxy::start([&r1, &r2], 4);
+    wait_until(Duration::from_secs(120), "both at full weight", || {
+        lb.server("replica1") == ("UP".into(), 100) && lb.server("replica2") == ("UP".into(), 100)
+    });
+    let idle = served_by_replica1(&lb, 30);
+
+    // Replica 1 kept busy from outside HAProxy: three of its four slots and
+    // most of its KV cells (the agent says 8 %: 2 of 5 places, 677 of 8,192
+    // cells left).
+    // Read as they come (a stream nobody reads is paused, then cut off),
+    // until `stop`.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let busy: Vec<_> = (0..3)
+        .map(|_| {
+            let mut s = open_stream(r1.addr, &long_stream(2500));
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if s.next_data().ok().flatten().is_none() {
+                        break;
+                    }
+                }
+            })
+        })
+        .collect();
+    wait_until(Duration::from_secs(120), "replica 1's weight down", || {
+        let (status, weight) = lb.server("replica1");
+        status == "UP" && weight <= 40
+    });
+    let loaded = served_by_replica1(&lb, 30);
+    assert!(
+        idle >= 12 && loaded <= 11 && loaded < idle,
+        "replica 1 served {idle} of 30 idle, {loaded} of 30 with three streams"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in busy {
+        t.join().unwrap();
+    }
+
+    // Replica 2 stops: its agent says drain and its /readyz 503 at the same
+    // moment; once HAProxy has it out of rotation (DRAIN or DOWN, whichever
+    // check saw it first), it sends it nothing new.
+    wait_until(
+        Duration::from_secs(120),
+        "replica 1 back to full weight",
+        || lb.server("replica1").1 == 100,
+    );
+    let before = r2.metric("sluice_requests_accepted_total");
+    r2.signal("TERM");
+    wait_until(
+        Duration::from_secs(120),
+        "replica 2 out of rotation in HAProxy",
+        || !lb.server("replica2").0.starts_with("UP"),
+    );
+    assert_eq!(served_by_replica1(&lb, 10), 10);
+    assert_eq!(r2.metric("sluice_requests_accepted_total"), before);
 }
