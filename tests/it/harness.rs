@@ -232,6 +232,20 @@ impl Server {
     pub fn post(&self, path: &str, body: &Value) -> Response {
         post_json(self.addr, path, body)
     }
+
+    /// A POST that must be answered 200: its JSON body (else the test fails
+    /// with the answer and the server's log).
+    pub fn post_ok(&self, path: &str, body: &Value) -> Value {
+        let r = self.post(path, body);
+        assert_eq!(
+            r.status,
+            200,
+            "{}\n{}",
+            String::from_utf8_lossy(&r.body),
+            self.log()
+        );
+        r.body_json()
+    }
 }
 
 impl Drop for Server {

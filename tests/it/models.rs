@@ -26,15 +26,7 @@ fn chat(content: &str, extra: Value) -> Value {
 }
 
 fn ok(srv: &Server, body: &Value) -> Value {
-    let r = srv.post("/v1/chat/completions", body);
-    assert_eq!(
-        r.status,
-        200,
-        "{}\n{}",
-        String::from_utf8_lossy(&r.body),
-        srv.log()
-    );
-    r.body_json()
+    srv.post_ok("/v1/chat/completions", body)
 }
 
 #[test]
