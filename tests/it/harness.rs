@@ -23,27 +23,27 @@ const SOCKET_TIMEOUT: Duration = Duration::from_secs(900);
 /// not a slow box, reaches it.
 const WAIT_LIMIT_MIN: Duration = Duration::from_secs(120);
 
-pub fn model_path() -> PathBuf {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+/// A model file under `models/`, which must be there (`fetch` says how).
+fn model_file(name: &str, fetch: &str) -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(name);
     assert!(
         p.exists(),
-        "the default model is missing: run models/fetch first ({})",
+        "{name} is missing: run {fetch} first ({})",
         p.display()
     );
     p
 }
 
+pub fn model_path() -> PathBuf {
+    model_file("SmolLM2-135M-Instruct.Q4_1.gguf", "models/fetch")
+}
+
 /// The second model family the suite runs (`models/fetch gemma3`): Gemma 3
 /// 270M, Q4_K_M; a GGUF without a chat template.
 pub fn second_model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/gemma-3-270m-q4_k_m.gguf");
-    assert!(
-        p.exists(),
-        "the second model is missing: run models/fetch gemma3 first ({})",
-        p.display()
-    );
-    p
+    model_file("gemma-3-270m-q4_k_m.gguf", "models/fetch gemma3")
 }
 
 /// The calibration cache the suite's servers share (a test may give its own
