@@ -481,7 +481,7 @@ fn drain(
     state.draining.store(true, Ordering::SeqCst);
     let n = state.in_flight.load(Ordering::SeqCst);
     crate::say!(
-        "sluice: draining: {n} requests in flight may finish within {} ms; new ones get 503 (a second signal exits at once)",
+        "sluice: draining: {n} requests in flight may finish within {} ms; new ones get 503 (SIGINT, Ctrl-C, again exits at once)",
         timeout.as_millis()
     );
     let deadline = Instant::now() + timeout;

@@ -145,20 +145,22 @@ pub fn peer_closed(fd: &std::os::fd::OwnedFd) -> bool {
 
 /// SIGTERM and SIGINT received since `catch_stop_signals`.
 static STOP_SIGNALS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-/// Exit status when a second stop signal cuts a drain short.
+/// Exit status when a second SIGINT cuts a drain short.
 pub const EXIT_SECOND_SIGNAL: i32 = 2;
 
-extern "C" fn on_stop_signal(_: libc::c_int) {
-    // Only async-signal-safe work here: an atomic add, and `_exit`.
-    if STOP_SIGNALS.fetch_add(1, Ordering::SeqCst) >= 1 {
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    // Only async-signal-safe work here: an atomic add, and `_exit`. A SIGTERM
+    // during the drain is only counted: supervisors send one after their own
+    // stop hook (Kubernetes after a preStop that started the drain).
+    if STOP_SIGNALS.fetch_add(1, Ordering::SeqCst) >= 1 && sig == libc::SIGINT {
         // SAFETY: _exit is async-signal-safe.
         unsafe { libc::_exit(EXIT_SECOND_SIGNAL) };
     }
 }
 
 /// From now on, SIGTERM and SIGINT are counted instead of killing the process
-/// (the caller drains on the first); a second one exits at once with
-/// `EXIT_SECOND_SIGNAL`. Returns the count.
+/// (the caller drains on the first); a SIGINT after the first signal (Ctrl-C
+/// again) exits at once with `EXIT_SECOND_SIGNAL`. Returns the count.
 pub fn catch_stop_signals() -> &'static std::sync::atomic::AtomicU32 {
     // SAFETY: a zeroed sigaction is valid; the handler is async-signal-safe.
     unsafe {

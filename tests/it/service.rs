@@ -84,6 +84,39 @@ fn a_drain_that_times_out_cancels_the_rest_with_an_error_event_and_exits_0() {
 }
 
 #[test]
+fn during_a_drain_a_second_sigterm_changes_nothing_and_sigint_exits_at_once_with_2() {
+    let mut srv = Server::start(&[]);
+    let mut stream = long_stream(&srv, 4000);
+    srv.signal("TERM");
+    wait_until(Duration::from_secs(120), "/readyz to say draining", || {
+        request(srv.addr, "GET", "/readyz", None, &[]).status == 503
+    });
+    // A supervisor's own SIGTERM after its stop hook (Kubernetes' after a
+    // preStop that started the drain): the drain goes on, tokens still flow.
+    srv.signal("TERM");
+    assert_eq!(request(srv.addr, "GET", "/livez", None, &[]).status, 200);
+    let before = srv.metric("sluice_tokens_generated_total");
+    wait_until(
+        Duration::from_secs(120),
+        "tokens after the second SIGTERM",
+        || {
+            assert!(stream.next_json().is_some(), "the stream ended");
+            srv.metric("sluice_tokens_generated_total") > before
+        },
+    );
+    assert_eq!(request(srv.addr, "GET", "/readyz", None, &[]).status, 503);
+    // Ctrl-C (SIGINT) during the drain: out at once.
+    srv.signal("INT");
+    assert_eq!(
+        srv.wait_exit(Duration::from_secs(30)),
+        Some(2),
+        "{}",
+        srv.log()
+    );
+    assert!(!srv.log().contains("drained; exiting"), "{}", srv.log());
+}
+
+#[test]
 fn systemd_hears_ready_after_start_up_and_stopping_on_sigterm() {
     let dir = std::env::temp_dir().join(format!("sluice-notify-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
