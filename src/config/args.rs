@@ -139,8 +139,10 @@ pub struct ServeArgs {
     /// (default: 4096)
     #[argh(option, default = "4096")]
     pub client_table_max: usize,
-    /// addresses of proxies (comma-separated) whose X-Forwarded-For names the
-    /// client, for per-client rate limits by address (default: none)
+    /// addresses or networks of proxies (comma-separated: 127.0.0.1,
+    /// 10.0.0.0/8) whose X-Forwarded-For names the client, for per-client
+    /// rate limits by address, and whose gateway fairness id is the client
+    /// (default: none)
     #[argh(option)]
     pub trusted_proxies: Option<String>,
     /// TCP port of HAProxy's agent check (on --host): each connection gets

@@ -185,15 +185,18 @@ pub(super) fn client_limit(rate: Option<f64>, burst: Option<u64>) -> Result<Opti
     }
 }
 
-/// `--trusted-proxies`: a comma-separated list of IP addresses.
-pub(super) fn trusted_proxies(list: Option<&str>) -> Result<Vec<std::net::IpAddr>, String> {
+/// `--trusted-proxies`: a comma-separated list of IP addresses (each a
+/// network of one) and networks (`10.0.0.0/8`).
+pub(super) fn trusted_proxies(list: Option<&str>) -> Result<Vec<ipnet::IpNet>, String> {
     list.into_iter()
         .flat_map(|l| l.split(','))
         .map(str::trim)
         .filter(|p| !p.is_empty())
         .map(|p| {
-            p.parse()
-                .map_err(|_| format!("--trusted-proxies: '{p}' is not an IP address"))
+            p.parse::<ipnet::IpNet>()
+                .map(|n| n.trunc())
+                .or_else(|_| p.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| format!("--trusted-proxies: '{p}' is not an IP address or network"))
         })
         .collect()
 }

@@ -210,7 +210,7 @@ pub struct Config {
     pub client_table_max: usize,
     /// Connections from these are a proxy's: the client is the last address
     /// of their X-Forwarded-For.
-    pub trusted_proxies: Vec<std::net::IpAddr>,
+    pub trusted_proxies: Vec<ipnet::IpNet>,
     /// Inference objectives (a gateway's `x-gateway-inference-objective`)
     /// whose requests go to the batch class.
     pub batch_objectives: Vec<String>,

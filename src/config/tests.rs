@@ -171,3 +171,22 @@ fn the_default_path_follows_systemd_then_xdg_then_home() {
     );
     assert_eq!(derive::default_calibration_cache(env(&[])), None);
 }
+
+#[test]
+fn trusted_proxies_are_addresses_and_networks() {
+    let c = config(&["--trusted-proxies", "127.0.0.1, 10.1.2.3/16,fd00::/8"]);
+    let has = |a: &str| {
+        let a: std::net::IpAddr = a.parse().unwrap();
+        c.trusted_proxies.iter().any(|n| n.contains(&a))
+    };
+    assert!(has("127.0.0.1"));
+    assert!(!has("127.0.0.2"));
+    assert!(has("10.1.0.0") && has("10.1.255.255"));
+    assert!(!has("10.2.0.1"));
+    assert!(has("fd12::1") && !has("fe80::1"));
+    let err = derive::trusted_proxies(Some("10.0.0.0/33")).unwrap_err();
+    assert!(
+        err.contains("'10.0.0.0/33' is not an IP address or network"),
+        "{err}"
+    );
+}

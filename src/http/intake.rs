@@ -295,10 +295,13 @@ pub(super) struct Client {
 pub(super) fn authenticate(state: &AppState, req: &Request) -> Result<Client, ApiError> {
     let default = state.cfg.client_limit;
     let Some(keys) = &state.cfg.api_keys else {
+        // An IPv4 peer of a dual-stack socket comes as ::ffff:a.b.c.d.
         let peer = req
             .remote_addr()
-            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| a.ip());
-        let trusted = state.cfg.trusted_proxies.contains(&peer);
+            .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |a| {
+                a.ip().to_canonical()
+            });
+        let trusted = state.cfg.trusted_proxies.iter().any(|n| n.contains(&peer));
         if let Some(fair) = trusted.then(|| fairness_id(req)).flatten() {
             return Ok(Client {
                 id: ClientId::Fairness(fair.0),

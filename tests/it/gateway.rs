@@ -4,8 +4,9 @@
 
 use crate::harness::*;
 use serde_json::{json, Value};
+use sluice_bench::http;
 use std::collections::HashMap;
-use std::net::TcpStream;
+use std::net::{IpAddr, TcpStream};
 use std::time::Duration;
 
 /// Each sample of an exposition text by its name (labels dropped), and each
@@ -122,8 +123,9 @@ fn a_sheddable_objective_runs_as_batch_and_a_fairness_id_is_its_own_bucket() {
     let srv = Server::start(&[
         "--batch-objectives",
         "bulk, offline",
+        // A network (as a gateway's pods are): 127.0.0.0 to 127.0.0.3.
         "--trusted-proxies",
-        "127.0.0.1",
+        "127.0.0.0/30",
         "--client-rate",
         "1",
         "--client-burst",
@@ -157,12 +159,33 @@ fn a_sheddable_objective_runs_as_batch_and_a_fairness_id_is_its_own_bucket() {
 
 #[test]
 fn a_fairness_id_from_an_untrusted_peer_is_not_an_identity() {
-    let srv = Server::start(&["--client-rate", "1", "--client-burst", "300"]);
+    let srv = Server::start(&[
+        "--client-rate",
+        "1",
+        "--client-burst",
+        "300",
+        "--trusted-proxies",
+        "127.0.0.0/30",
+    ]);
     let big = chat("Tell me a story.", 250);
-    let fair = |id: &'static str| [("x-gateway-inference-fairness-id", id)];
-    assert_eq!(post(&srv, &big, &fair("tenant-a")).status, 200);
+    // From 127.0.0.9, outside the trusted network.
+    let from_outside = |id: &str| {
+        let s = http::connect_from(
+            srv.addr,
+            IpAddr::from([127, 0, 0, 9]),
+            Duration::from_secs(60),
+        )
+        .expect("connect");
+        let headers = [
+            ("Content-Type", "application/json"),
+            ("x-gateway-inference-fairness-id", id),
+        ];
+        http::request_on(s, "POST", "/v1/chat/completions", Some(&big[..]), &headers)
+            .expect("request")
+    };
+    assert_eq!(from_outside("tenant-a").status, 200);
     // Another id, the same address: the address's bucket, already used.
-    assert_eq!(post(&srv, &big, &fair("tenant-b")).status, 429);
+    assert_eq!(from_outside("tenant-b").status, 429);
 }
 
 #[test]
