@@ -14,6 +14,7 @@ mod front;
 mod gateway;
 mod harness;
 mod hostile;
+mod k8s;
 mod memory;
 mod models;
 mod observability;
