@@ -455,6 +455,7 @@ impl Engine {
             };
             took += t;
             n_tokens += self.batch.len();
+            let counted = prefills.len();
             prefills.extend(
                 placed
                     .iter()
@@ -479,6 +480,13 @@ impl Engine {
                     }
                 }
             }
+            // Counted before `after_decode` answers a request whose prompt
+            // this pass finished (a scoring request ends here), so a client
+            // that reads /metrics after its answer finds its prompt in them.
+            let pass_prefill: usize = prefills[counted..].iter().map(|(_, c)| c.tokens).sum();
+            self.metrics
+                .prefill_tokens
+                .fetch_add(pass_prefill as u64, Ordering::Relaxed);
             // The logits of this pass are read before the next pass's decode.
             // Sampling (with a structured-output mask, not free) is part of
             // the step's cost, so it is timed into what the cost model sees.
@@ -490,9 +498,6 @@ impl Engine {
         }
         ctx.set_embeddings(false);
         self.metrics.record_step(n_tokens, n_decode, took);
-        self.metrics
-            .prefill_tokens
-            .fetch_add((n_tokens - n_decode) as u64, Ordering::Relaxed);
         let chunks: Vec<Chunk> = prefills.iter().map(|&(_, c)| c).collect();
         self.metrics
             .record_step_forecast(self.cost.predict(n_decode, &chunks), took.as_secs_f64());
