@@ -28,6 +28,12 @@ pub struct Bounds {
     /// Most prompt tokens that may wait ahead of a request that must wait
     /// for a slot.
     pub queued_tokens_max: usize,
+    /// Requests that may wait for a slot whatever their prompts: the token
+    /// budget judges only one that would wait behind more of them. With a
+    /// derived budget, the slots' floor of L_max (`Policy::queue_depth_min`):
+    /// a closed loop of twice the slots' clients is never refused on
+    /// tokens either; with the operator's `--queued-tokens-max`, none.
+    pub token_free_waiting: usize,
 }
 
 /// What the typical request costs: prompt tokens prefilled and tokens
@@ -111,8 +117,9 @@ impl Policy {
 }
 
 /// `L_max = ceil(μ_req · W_max)` clamped to the slots (`queue_depth_min`) and
-/// 9, unless the operator set a depth; and the queued-token budget `μ_prefill · W_max`, unless the operator
-/// set one.
+/// 9, unless the operator set a depth; and the queued-token budget
+/// `μ_prefill · W_max`, judged only beyond one waiting request per slot,
+/// unless the operator set one.
 pub fn derive_bounds(rates: Rates, policy: &Policy) -> Bounds {
     assert!(
         rates.prefill_tok_s > 0.0 && rates.decode_tok_s > 0.0,
@@ -123,10 +130,15 @@ pub fn derive_bounds(rates: Rates, policy: &Policy) -> Bounds {
     let floor = policy.queue_depth_min.clamp(1, QUEUE_DEPTH_SAFE_MAX) as f64;
     let little = (mu * w).ceil().clamp(floor, QUEUE_DEPTH_SAFE_MAX as f64) as usize;
     let tokens = (rates.prefill_tok_s * w).floor().max(1.0) as usize;
+    let queue_depth_max = policy.queue_depth.unwrap_or(little);
     Bounds {
         mu_req: mu,
-        queue_depth_max: policy.queue_depth.unwrap_or(little),
+        queue_depth_max,
         queued_tokens_max: policy.queued_tokens_max.unwrap_or(tokens),
+        token_free_waiting: match policy.queued_tokens_max {
+            Some(_) => 0,
+            None => policy.queue_depth_min.min(queue_depth_max),
+        },
     }
 }
 
@@ -208,6 +220,34 @@ pub(super) mod tests {
             ..policy(5000, None)
         };
         assert_eq!(derive_bounds(RATES, &p).queued_tokens_max, 123);
+    }
+
+    #[test]
+    fn the_token_budget_spares_one_waiting_request_per_slot_unless_the_operator_set_it() {
+        let four_slots = Policy {
+            queue_depth_min: 4,
+            ..policy(5000, None)
+        };
+        assert_eq!(derive_bounds(RATES, &four_slots).token_free_waiting, 4);
+        let shallow = Policy {
+            queue_depth_min: 4,
+            ..policy(5000, Some(2))
+        };
+        assert_eq!(
+            derive_bounds(RATES, &shallow).token_free_waiting,
+            2,
+            "no more than may wait at all"
+        );
+        let explicit = Policy {
+            queue_depth_min: 4,
+            queued_tokens_max: Some(500),
+            ..policy(5000, None)
+        };
+        assert_eq!(
+            derive_bounds(RATES, &explicit).token_free_waiting,
+            0,
+            "the operator's budget judges every request that waits"
+        );
     }
 
     #[test]

@@ -264,10 +264,11 @@ impl QueueGauge {
         if l.waiting[c] + n > free + bounds.queue_depth_max {
             return Err(refuse(QueueBound::Requests));
         }
-        // Free slots take requests at once: only one that must wait is judged
-        // by what waits ahead of it.
-        let would_wait = l.waiting[c] + n > free;
-        if would_wait && l.waiting_tokens[c] > bounds.queued_tokens_max {
+        // Free slots take requests at once, and one waiting request per slot
+        // is let in whatever the prompts (`Bounds::token_free_waiting`): only
+        // one that must wait behind more is judged by what waits ahead of it.
+        let judged = l.waiting[c] + n > free + bounds.token_free_waiting;
+        if judged && l.waiting_tokens[c] > bounds.queued_tokens_max {
             return Err(refuse(QueueBound::Tokens));
         }
         Ok(())

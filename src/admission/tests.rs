@@ -364,3 +364,45 @@ fn the_first_token_forecast_is_the_wait_for_a_slot_then_the_prefill_ahead_and_ow
         slot_wait + prefill(500.0)
     ));
 }
+
+#[test]
+fn a_closed_loop_of_twice_the_slots_is_never_refused_on_tokens() {
+    // The derived budget (μ_prefill · W_max = 200 tok/s · 5 s = 1000), four
+    // slots, L_max at its floor of four: eight clients that each send again
+    // only when answered can never have more than four waiting, so none of
+    // them is refused, however long their prompts.
+    let p = Policy {
+        queue_depth_min: 4,
+        ..policy(5000, None)
+    };
+    let g = new_gauge(4, 4, RATES, [p, p]);
+    let (_, [b, _]) = g.snapshot();
+    assert_eq!((b.queue_depth_max, b.queued_tokens_max), (4, 1000));
+    let mut running: Vec<Slot> = Vec::new();
+    for round in 0..3 {
+        while g.queued_requests(I) + running.len() < 8 {
+            assert!(g.check(I).is_ok(), "round {round}: the door");
+            assert!(g.reserve(I, 1, 900).is_ok(), "round {round}");
+        }
+        while running.len() < 4 {
+            running.push(g.started(I, 900));
+        }
+        assert_eq!(g.queued_tokens(I), 3600, "four 900-token prompts wait");
+        // Two answers come back; their clients send again.
+        running.truncate(2);
+    }
+    // With room for six waiting, a fifth waits behind more than one request
+    // per slot: the budget judges it by the 3,600 tokens ahead.
+    let p = Policy {
+        queue_depth_min: 4,
+        ..policy(5000, Some(6))
+    };
+    let g = new_gauge(4, 4, RATES, [p, p]);
+    for _ in 0..8 {
+        assert!(g.reserve(I, 1, 900).is_ok());
+    }
+    let _running: Vec<Slot> = (0..4).map(|_| g.started(I, 900)).collect();
+    let r = g.reserve(I, 1, 10).unwrap_err();
+    assert_eq!(r.bound, QueueBound::Tokens);
+    assert_eq!(r.waiting_tokens, 3600);
+}

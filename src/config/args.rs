@@ -168,8 +168,8 @@ pub struct ServeArgs {
     /// never shed on queue sojourn (for comparisons)
     #[argh(switch)]
     pub no_shed: bool,
-    /// prompt tokens that may wait ahead of a request that must wait for a
-    /// slot, instead of mu_prefill x W_max
+    /// prompt tokens that may wait ahead of any request that must wait for a
+    /// slot, instead of mu_prefill x W_max beyond one waiting per slot
     #[argh(option)]
     pub queued_tokens_max: Option<usize>,
     /// sojourn target in ms (CoDel): not ready while requests wait longer than

@@ -468,8 +468,10 @@ fn a_closed_loop_within_the_slots_and_the_queue_bound_is_never_refused() {
     // Told the box does 5 tokens/s: Little's law alone gives L_max = 1, and
     // the floor of one waiting request per slot makes it 2. No budget is
     // given (no --queue-wait-ms, no --shed-target-ms), so nothing that got
-    // into the queue is shed, however long it waits there. The token budget
-    // is lifted: this test is about the count bound and shedding.
+    // into the queue is shed, however long it waits there. The derived token
+    // budget (5 tok/s x W_max) is smaller than one prompt: it judges only a
+    // request that would wait behind more than one per slot, so it refuses
+    // none of these either.
     let srv = Server::start(&[
         "--parallel",
         "2",
@@ -478,10 +480,21 @@ fn a_closed_loop_within_the_slots_and_the_queue_bound_is_never_refused() {
         "--mu-decode",
         "5",
         "--mu-fixed",
-        "--queued-tokens-max",
-        "100000",
     ]);
     assert_eq!(srv.metric("sluice_queue_depth_max"), 2.0);
+    let prompt = |c: usize, i: usize| {
+        format!("Client {c}, request {i}: count the sheep in the field, one by one, and say each number out loud, slowly, in words; then count the goats, the cows, the hens and the geese the same way.")
+    };
+    let budget = srv.metric("sluice_queued_prompt_tokens_max");
+    let prompt_tokens = srv
+        .post("/tokenize", &json!({"prompt": prompt(0, 0)}))
+        .body_json()["count"]
+        .as_f64()
+        .expect("count");
+    assert!(
+        prompt_tokens > budget,
+        "one prompt ({prompt_tokens} tokens) is over the budget ({budget})"
+    );
     // A closed loop of slots + L_max = 4 clients, each sending its next
     // request when the last one is answered: 2 run and 2 wait, each for
     // about a whole answer of 300 tokens, over the 2.5 s sojourn target on
@@ -510,7 +523,8 @@ fn a_closed_loop_within_the_slots_and_the_queue_bound_is_never_refused() {
             std::thread::spawn(move || {
                 (0..per_client)
                     .map(|i| {
-                        let body = json!({"prompt": format!("Client {c}, request {i}: count."), "max_tokens": 300, "ignore_eos": true});
+                        let body =
+                            json!({"prompt": prompt(c, i), "max_tokens": 300, "ignore_eos": true});
                         let r = post_json(addr, "/v1/completions", &body);
                         (r.status, String::from_utf8_lossy(&r.body).into_owned())
                     })
@@ -530,6 +544,10 @@ fn a_closed_loop_within_the_slots_and_the_queue_bound_is_never_refused() {
     assert_eq!(results.len(), clients * per_client);
     assert_eq!(
         srv.metric("sluice_requests_rejected_total{reason=\"queue_full\"}"),
+        0.0
+    );
+    assert_eq!(
+        srv.metric("sluice_requests_rejected_total{reason=\"token_budget\"}"),
         0.0
     );
     assert_eq!(
