@@ -58,8 +58,9 @@ pub fn pairing_name((fa, kv): (FlashAttn, KvType)) -> String {
 
 /// Flash attention and the KV type, by timing each of `candidates` on this
 /// CPU and model: a decode step of each of the server's `parallel`
-/// sequences and a prefill chunk at a chat's depth, each in a context shaped
-/// as the server's, `base` (`calibration::time_attention`). The first
+/// sequences and a prefill chunk, at a short chat's depth and at a long
+/// one's (the mean of both judges), each in a context shaped as the
+/// server's, `base` (`calibration::time_attention`). The first
 /// candidate is the default; a later one is taken only if it is
 /// `FLASH_ATTN_GAIN_MIN` faster than the choice so far (`attention_choice`).
 /// The first candidate if the measurement fails.
@@ -71,13 +72,27 @@ pub fn measure_attention(
 ) -> (FlashAttn, KvType) {
     use engine::calibration::{
         attention_choice, time_attention, AttentionTiming, FLASH_ATTN_CHUNK_TOKENS,
-        FLASH_ATTN_DEPTH_TOKENS,
+        FLASH_ATTN_DEEP_TOKENS, FLASH_ATTN_DEPTH_TOKENS,
     };
     let started = Instant::now();
     let name = pairing_name;
+    // A short chat's depth and a long one's, as deep as a sequence's cells
+    // allow.
+    let per_seq = base.n_ctx as usize / parallel.max(1);
+    let depths: Vec<usize> = [FLASH_ATTN_DEPTH_TOKENS, FLASH_ATTN_DEEP_TOKENS]
+        .into_iter()
+        .filter(|&d| d + FLASH_ATTN_CHUNK_TOKENS < per_seq)
+        .collect();
+    let depths = if depths.is_empty() {
+        vec![FLASH_ATTN_DEPTH_TOKENS]
+    } else {
+        depths
+    };
     // The serving context's shape (its sequences, its streams' size), with
-    // each pairing: the cost of a step depends on both.
-    let timing = |(flash_attn, kv_type), give_up_s| -> Result<AttentionTiming, String> {
+    // each pairing: the cost of a step depends on both. Timed at each depth;
+    // a depth at which the pairing is already twice as slow as the best
+    // (`best`, per depth) is not timed again.
+    let timing = |(flash_attn, kv_type), best: &[f64]| -> Result<Vec<AttentionTiming>, String> {
         let p = ContextParams {
             n_batch: base.n_batch.max(FLASH_ATTN_DEPTH_TOKENS as u32),
             flash_attn,
@@ -85,19 +100,31 @@ pub fn measure_attention(
             ..base.clone()
         };
         let mut ctx = Context::new(Arc::clone(model), &p)?;
-        let prompt =
-            engine::calibration::prompt(model, FLASH_ATTN_DEPTH_TOKENS + FLASH_ATTN_CHUNK_TOKENS)?;
-        time_attention(&mut ctx, &prompt, parallel, base.kv_layout, give_up_s)
+        depths
+            .iter()
+            .zip(best)
+            .map(|(&depth, &best)| {
+                let prompt = engine::calibration::prompt(model, depth + FLASH_ATTN_CHUNK_TOKENS)?;
+                time_attention(&mut ctx, &prompt, parallel, base.kv_layout, 2.0 * best)
+            })
+            .collect()
     };
+    let mut by_depth: Vec<Vec<AttentionTiming>> = Vec::with_capacity(candidates.len());
     let mut timings: Vec<AttentionTiming> = Vec::with_capacity(candidates.len());
     for &c in candidates {
-        // A candidate already twice as slow as the best is not timed again.
-        let best = timings
-            .iter()
-            .map(AttentionTiming::score)
-            .fold(f64::INFINITY, f64::min);
-        match timing(c, 2.0 * best) {
-            Ok(t) => timings.push(t),
+        let best: Vec<f64> = (0..depths.len())
+            .map(|d| {
+                by_depth
+                    .iter()
+                    .map(|t| t[d].score())
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .collect();
+        match timing(c, &best) {
+            Ok(t) => {
+                timings.push(AttentionTiming::mean(&t));
+                by_depth.push(t);
+            }
             Err(e) => {
                 crate::say!(
                     "sluice: attention: flash attention {} (measuring {} failed: {e})",
@@ -111,20 +138,27 @@ pub fn measure_attention(
     let chosen = candidates[attention_choice(&timings)];
     let each: Vec<String> = candidates
         .iter()
-        .zip(&timings)
+        .zip(&by_depth)
         .map(|(&c, t)| {
-            format!(
-                "{} {:.2}/{:.2}",
-                name(c),
-                t.decode_s_per_token * 1e3,
-                t.prefill_s_per_token * 1e3
-            )
+            let at: Vec<String> = t
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{:.2}/{:.2}",
+                        t.decode_s_per_token * 1e3,
+                        t.prefill_s_per_token * 1e3
+                    )
+                })
+                .collect();
+            format!("{} {}", name(c), at.join(" "))
         })
         .collect();
+    let at: Vec<String> = depths.iter().map(usize::to_string).collect();
     crate::say!(
-        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depth {FLASH_ATTN_DEPTH_TOKENS}, ms a token decoding {parallel} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
+        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depths {}, each counting alike; ms a token decoding {parallel} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
         name(chosen),
         started.elapsed().as_secs_f64(),
+        at.join(" and "),
         each.join(", ")
     );
     chosen

@@ -134,10 +134,18 @@ pub fn time_decode(
 }
 
 /// Prompt tokens in every sequence's cache when flash attention is compared:
-/// a chat's depth, where its cost already shows (on the AVX-512 development
-/// VM flash attention's 32-token chunk was 3x slower than without it at this
-/// depth, 5x at 384).
+/// a short chat's depth, where its cost already shows (on the AVX-512
+/// development VM flash attention's 32-token chunk was 3x slower than without
+/// it at this depth, 5x at 384).
 pub const FLASH_ATTN_DEPTH_TOKENS: usize = 128;
+/// The second depth they are compared at: a long conversation's, or a
+/// document's. Pairings that tie at a short chat's depth part here: on a
+/// 2-core AMD EPYC (AVX2) flash attention with a q8_0 cache tied with it off
+/// (K in q8_0) at 128 tokens, but prefilled half as fast 1,500 tokens deep
+/// (llama-bench, 4-64-token chunks: 52-56 against 102-105 tok/s), and a
+/// 6,279-token prompt beside two streams reached its first token in 352 s
+/// against 144 s.
+pub const FLASH_ATTN_DEEP_TOKENS: usize = 1024;
 /// Tokens of the prefill chunk timed at that depth (a chunk beside streams).
 pub const FLASH_ATTN_CHUNK_TOKENS: usize = 32;
 /// Timed repetitions of each; the median counts.
@@ -146,9 +154,9 @@ const FLASH_ATTN_REPS: usize = 3;
 /// (`AttentionTiming::score`): a tie goes to the first.
 pub const FLASH_ATTN_GAIN_MIN: f64 = 0.05;
 
-/// What a serving step's two passes cost at `FLASH_ATTN_DEPTH_TOKENS`, per
-/// token: a decode token of a step that decodes every sequence, and a
-/// prompt token of a chunk.
+/// What a serving step's two passes cost at one depth, per token: a decode
+/// token of a step that decodes every sequence, and a prompt token of a
+/// chunk.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionTiming {
     pub decode_s_per_token: f64,
@@ -160,6 +168,15 @@ impl AttentionTiming {
     /// generates (a chat's order of magnitude): what the pairing is judged by.
     pub fn score(&self) -> f64 {
         self.decode_s_per_token + self.prefill_s_per_token
+    }
+
+    /// The mean of timings at several depths, each counting alike.
+    pub fn mean(timings: &[AttentionTiming]) -> AttentionTiming {
+        let n = timings.len().max(1) as f64;
+        AttentionTiming {
+            decode_s_per_token: timings.iter().map(|t| t.decode_s_per_token).sum::<f64>() / n,
+            prefill_s_per_token: timings.iter().map(|t| t.prefill_s_per_token).sum::<f64>() / n,
+        }
     }
 }
 
@@ -291,6 +308,21 @@ mod tests {
             !beats(&first, &t(3.0, 8.5)),
             "faster decode does not make up for a prompt twice as slow"
         );
+    }
+
+    #[test]
+    fn the_depths_count_alike() {
+        let t = |decode_ms: f64, prefill_ms: f64| AttentionTiming {
+            decode_s_per_token: decode_ms / 1e3,
+            prefill_s_per_token: prefill_ms / 1e3,
+        };
+        // The EPYC's pairings: a tie at a short chat's depth, flash
+        // attention twice as dear deep in a context.
+        let on = AttentionTiming::mean(&[t(8.1, 6.1), t(12.0, 18.0)]);
+        let off = AttentionTiming::mean(&[t(8.5, 5.7), t(10.0, 9.0)]);
+        assert!((on.score() - 0.0221).abs() < 1e-9);
+        assert!(beats(&on, &off), "deep contexts decide a tie");
+        assert_eq!(AttentionTiming::mean(&[t(3.0, 4.0)]), t(3.0, 4.0));
     }
 
     #[test]

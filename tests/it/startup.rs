@@ -92,8 +92,10 @@ fn flash_attention_is_measured_ahead_of_time_kept_and_used_unless_it_is_set() {
         .unwrap_or_else(|| panic!("no attention line in the log:\n{log}"));
     // Flash attention on with a q8_0 cache and with f16, off with q8_0 keys
     // and with f16: four timed.
+    // At a short chat's depth and a long one's.
     assert!(
         line.contains("measured in")
+            && line.contains("at depths 128 and 1024,")
             && line.contains("off/q8_0/f16 ")
             && line.contains("off/f16 ")
             && line.contains("on/f16 ")
