@@ -247,8 +247,10 @@ impl QueueGauge {
     /// Its own prompt is its service, not its wait, so a long prompt behind a
     /// short queue is admitted (below capacity it is served, and refusing it
     /// only sends it back later), while one behind more than W_max of prompts
-    /// is refused, whatever its own size. So the rule needs no prompt: the
-    /// door applies it exactly, before the body is read.
+    /// is refused, whatever its own size; the derived budget judges only one
+    /// that would wait behind more than `Bounds::token_free_waiting`. So the
+    /// rule needs no prompt: the door applies it exactly, before the body is
+    /// read.
     fn judge(s: &State, free: usize, class: Class, n: usize) -> Result<(), Refusal> {
         let l = s.load;
         let c = class.index();

@@ -6,10 +6,13 @@
 //! queueing budget for time to first token (`--queue-wait-ms`),
 //! `L_max = ceil(μ_req · W_max)`, clamped to 1..=9. A second bound is in tokens,
 //! because 16 short prompts and 16 8k prompts are not the same load: a request
-//! that must wait is admitted only while the prompt tokens already waiting
-//! ahead of it are within `μ_prefill · W_max` (their prefill is its queueing
-//! delay; its own prompt is its service, and a long prompt behind a short
-//! queue is served, not refused).
+//! that must wait behind more than one waiting request per slot is admitted
+//! only while the prompt tokens already waiting ahead of it are within
+//! `μ_prefill · W_max` (their prefill is its queueing delay; its own prompt is
+//! its service, and a long prompt behind a short queue is served, not
+//! refused). Up to one per slot waits whatever its prompt, as L_max never
+//! falls below one per slot: a closed loop of twice the slots' clients cannot
+//! grow the queue, so refusing it would protect no one.
 //!
 //! Handlers only ever `try_send`. A gate in front of the channel counts what is
 //! queued (requests and prompt tokens, until the engine gives the request a
