@@ -101,6 +101,19 @@ fn chat(prompt: &str, max_tokens: usize) -> Vec<u8> {
         .into_bytes()
 }
 
+/// A chat of exactly 250 tokens (`ignore_eos`), most of a 300-token bucket:
+/// an answer that ended early would give its unused tokens back, and a short
+/// sampled story once let a second one through.
+fn story() -> Vec<u8> {
+    json!({
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "max_tokens": 250,
+        "ignore_eos": true
+    })
+    .to_string()
+    .into_bytes()
+}
+
 fn post(srv: &Server, body: &[u8], headers: &[(&str, &str)]) -> Response {
     let mut all = vec![("Content-Type", "application/json")];
     all.extend_from_slice(headers);
@@ -144,7 +157,7 @@ fn a_sheddable_objective_runs_as_batch_and_a_fairness_id_is_its_own_bucket() {
     // The gateway's fairness ids from the trusted proxy: a's bucket runs dry,
     // b's is its own, though both come from the same address.
     let fair = |id: &'static str| [("x-gateway-inference-fairness-id", id)];
-    let big = chat("Tell me a story.", 250);
+    let big = story();
     assert_eq!(post(&srv, &big, &fair("tenant-a")).status, 200);
     let again = post(&srv, &big, &fair("tenant-a"));
     assert_eq!(again.status, 429);
@@ -167,7 +180,7 @@ fn a_fairness_id_from_an_untrusted_peer_is_not_an_identity() {
         "--trusted-proxies",
         "127.0.0.0/30",
     ]);
-    let big = chat("Tell me a story.", 250);
+    let big = story();
     // From 127.0.0.9, outside the trusted network.
     let from_outside = |id: &str| {
         let s = http::connect_from(
