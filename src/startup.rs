@@ -81,12 +81,22 @@ pub fn measure_attention(
     let per_seq = base.n_ctx as usize / parallel.max(1);
     let depths: Vec<usize> = [FLASH_ATTN_DEPTH_TOKENS, FLASH_ATTN_DEEP_TOKENS]
         .into_iter()
-        .filter(|&d| d + FLASH_ATTN_CHUNK_TOKENS < per_seq)
+        .filter(|&d| d == FLASH_ATTN_DEPTH_TOKENS || d + FLASH_ATTN_CHUNK_TOKENS < per_seq)
         .collect();
-    let depths = if depths.is_empty() {
-        vec![FLASH_ATTN_DEPTH_TOKENS]
-    } else {
-        depths
+    // Each depth's prompt, tokenized once for every candidate.
+    let prompts = match depths
+        .iter()
+        .map(|&d| engine::calibration::prompt(model, d + FLASH_ATTN_CHUNK_TOKENS))
+        .collect::<Result<Vec<_>, String>>()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            crate::say!(
+                "sluice: attention: flash attention {} (measuring failed: {e})",
+                name(candidates[0])
+            );
+            return candidates[0];
+        }
     };
     // The serving context's shape (its sequences, its streams' size), with
     // each pairing: the cost of a step depends on both. Timed at each depth;
@@ -100,17 +110,15 @@ pub fn measure_attention(
             ..base.clone()
         };
         let mut ctx = Context::new(Arc::clone(model), &p)?;
-        depths
+        prompts
             .iter()
             .zip(best)
-            .map(|(&depth, &best)| {
-                let prompt = engine::calibration::prompt(model, depth + FLASH_ATTN_CHUNK_TOKENS)?;
-                time_attention(&mut ctx, &prompt, parallel, base.kv_layout, 2.0 * best)
+            .map(|(prompt, &best)| {
+                time_attention(&mut ctx, prompt, parallel, base.kv_layout, 2.0 * best)
             })
             .collect()
     };
     let mut by_depth: Vec<Vec<AttentionTiming>> = Vec::with_capacity(candidates.len());
-    let mut timings: Vec<AttentionTiming> = Vec::with_capacity(candidates.len());
     for &c in candidates {
         let best: Vec<f64> = (0..depths.len())
             .map(|d| {
@@ -121,10 +129,7 @@ pub fn measure_attention(
             })
             .collect();
         match timing(c, &best) {
-            Ok(t) => {
-                timings.push(AttentionTiming::mean(&t));
-                by_depth.push(t);
-            }
+            Ok(t) => by_depth.push(t),
             Err(e) => {
                 crate::say!(
                     "sluice: attention: flash attention {} (measuring {} failed: {e})",
@@ -135,23 +140,12 @@ pub fn measure_attention(
             }
         }
     }
-    let chosen = candidates[attention_choice(&timings)];
+    let means: Vec<AttentionTiming> = by_depth.iter().map(|t| AttentionTiming::mean(t)).collect();
+    let chosen = candidates[attention_choice(&means)];
     let each: Vec<String> = candidates
         .iter()
         .zip(&by_depth)
-        .map(|(&c, t)| {
-            let at: Vec<String> = t
-                .iter()
-                .map(|t| {
-                    format!(
-                        "{:.2}/{:.2}",
-                        t.decode_s_per_token * 1e3,
-                        t.prefill_s_per_token * 1e3
-                    )
-                })
-                .collect();
-            format!("{} {}", name(c), at.join(" "))
-        })
+        .map(|(&c, t)| format!("{} {}", name(c), at_each_depth(t)))
         .collect();
     let at: Vec<String> = depths.iter().map(usize::to_string).collect();
     crate::say!(
@@ -162,6 +156,22 @@ pub fn measure_attention(
         each.join(", ")
     );
     chosen
+}
+
+/// A pairing's timings for the log, depth by depth: `decode/prefill` ms a
+/// token.
+fn at_each_depth(timings: &[engine::calibration::AttentionTiming]) -> String {
+    let at: Vec<String> = timings
+        .iter()
+        .map(|t| {
+            format!(
+                "{:.2}/{:.2}",
+                t.decode_s_per_token * 1e3,
+                t.prefill_s_per_token * 1e3
+            )
+        })
+        .collect();
+    at.join(" ")
 }
 
 /// Cells of a KV stream holding at least `n`: an odd multiple of 256.
