@@ -34,6 +34,25 @@ pub struct Bounds {
     /// a closed loop of twice the slots' clients is never refused on
     /// tokens either; with the operator's `--queued-tokens-max`, none.
     pub token_free_waiting: usize,
+    /// Most requests waiting for a slot while the door is refusing (arrivals
+    /// beyond what the slots and the queue hold: open-loop overload, not a
+    /// closed loop): derived, `floor(μ_req · (W_max − a typical prompt's
+    /// prefill))`, at least one, so that the last one admitted still gets
+    /// its first token within W_max; the operator's `--queue-depth` stays.
+    pub queue_depth_pressed: usize,
+}
+
+impl Bounds {
+    /// The bounds while the door is refusing: the queue holds only what keeps
+    /// a typical first token within W_max, without the slots' floor, and the
+    /// token budget judges every request that waits.
+    pub fn pressed(self) -> Bounds {
+        Bounds {
+            queue_depth_max: self.queue_depth_pressed,
+            token_free_waiting: 0,
+            ..self
+        }
+    }
 }
 
 /// What the typical request costs: prompt tokens prefilled and tokens
@@ -119,7 +138,8 @@ impl Policy {
 /// `L_max = ceil(μ_req · W_max)` clamped to the slots (`queue_depth_min`) and
 /// 9, unless the operator set a depth; and the queued-token budget
 /// `μ_prefill · W_max`, judged only beyond one waiting request per slot,
-/// unless the operator set one.
+/// unless the operator set one. Under pressure (`Bounds::pressed`), no floor:
+/// `floor(μ_req · (W_max − own prefill))` of a typical request.
 pub fn derive_bounds(rates: Rates, policy: &Policy) -> Bounds {
     assert!(
         rates.prefill_tok_s > 0.0 && rates.decode_tok_s > 0.0,
@@ -131,6 +151,11 @@ pub fn derive_bounds(rates: Rates, policy: &Policy) -> Bounds {
     let little = (mu * w).ceil().clamp(floor, QUEUE_DEPTH_SAFE_MAX as f64) as usize;
     let tokens = (rates.prefill_tok_s * w).floor().max(1.0) as usize;
     let queue_depth_max = policy.queue_depth.unwrap_or(little);
+    // The last one admitted waits for that many completions, then prefills
+    // its own prompt: both within W_max. (The epsilon keeps an exact product
+    // from flooring one below.)
+    let own_prefill_s = policy.typical.prompt_tokens as f64 / rates.prefill_tok_s;
+    let pressed = (mu * (w - own_prefill_s) + 1e-9).floor().max(1.0) as usize;
     Bounds {
         mu_req: mu,
         queue_depth_max,
@@ -139,6 +164,7 @@ pub fn derive_bounds(rates: Rates, policy: &Policy) -> Bounds {
             Some(_) => 0,
             None => policy.queue_depth_min.min(queue_depth_max),
         },
+        queue_depth_pressed: policy.queue_depth.unwrap_or(pressed.min(queue_depth_max)),
     }
 }
 
@@ -248,6 +274,39 @@ pub(super) mod tests {
             0,
             "the operator's budget judges every request that waits"
         );
+    }
+
+    #[test]
+    fn under_pressure_the_queue_holds_what_keeps_a_typical_first_token_within_w_max() {
+        let four_slots = Policy {
+            queue_depth_min: 4,
+            ..policy(5000, None)
+        };
+        // 0.667 requests/s; a typical 100-token prompt prefills in 0.5 s:
+        // floor(0.667 · 4.5) = 3, not the slots' floor of 4.
+        let b = derive_bounds(RATES, &four_slots);
+        assert_eq!((b.queue_depth_max, b.queue_depth_pressed), (4, 3));
+        let p = b.pressed();
+        assert_eq!((p.queue_depth_max, p.token_free_waiting), (3, 0));
+        assert_eq!(p.queued_tokens_max, b.queued_tokens_max);
+        // A typical prompt that alone takes W_max: still one may wait.
+        let long = Policy {
+            typical: Typical {
+                prompt_tokens: 2000,
+                max_tokens: 10,
+            },
+            ..four_slots
+        };
+        assert_eq!(derive_bounds(RATES, &long).queue_depth_pressed, 1);
+        // Never above the calm bound; the operator's depth stays as set.
+        let fast = Rates {
+            prefill_tok_s: 5000.0,
+            decode_tok_s: 3000.0,
+        };
+        let b = derive_bounds(fast, &policy(5000, None));
+        assert_eq!((b.queue_depth_max, b.queue_depth_pressed), (9, 9));
+        let b = derive_bounds(RATES, &policy(5000, Some(6)));
+        assert_eq!(b.queue_depth_pressed, 6);
     }
 
     #[test]

@@ -72,11 +72,27 @@ struct State {
     bounds: [Bounds; Class::COUNT],
     /// The return time last handed to a refused request of each class.
     promised: [Option<Instant>; Class::COUNT],
+    /// Until when each class's bounds are the pressed ones: W_max after its
+    /// door last refused a request that came alone (`Bounds::pressed`).
+    pressed_until: [Option<Instant>; Class::COUNT],
     /// What the prefix cache and the running sequences hold.
     prefixes: PrefixIndex,
 }
 
 impl State {
+    /// The bounds of `class` in force at `now`: the pressed ones for W_max
+    /// after its door refused. A refusal means more arrive than the slots and
+    /// the queue hold, so this is not a closed loop within them (which the
+    /// slots' floor serves without refusing): waiting past W_max would only
+    /// make every admitted request late, as arrivals keep the queue full.
+    fn bounds_at(&self, class: Class, now: Instant) -> Bounds {
+        let c = class.index();
+        match self.pressed_until[c] {
+            Some(until) if now < until => self.bounds[c].pressed(),
+            _ => self.bounds[c],
+        }
+    }
+
     /// The bounds of each class from the rates and the mix in force.
     fn derive(&mut self, policies: &[Policy; Class::COUNT]) {
         let typical = self.mix.typical();
@@ -135,6 +151,7 @@ impl QueueGauge {
                 mix: Mix::new(policies[Class::Interactive.index()].typical),
                 bounds: policies.map(|p| derive_bounds(rates, &p)),
                 promised: [None; Class::COUNT],
+                pressed_until: [None; Class::COUNT],
                 prefixes: PrefixIndex::default(),
             }),
             slots,
@@ -224,7 +241,7 @@ impl QueueGauge {
         prompt_tokens: usize,
     ) -> Result<(), Refusal> {
         let mut s = self.lock();
-        Self::judge(&s, self.free_for(&s.load, class), class, n)?;
+        self.judge_pressing(&mut s, class, n, Instant::now())?;
         let c = class.index();
         s.load.waiting[c] += n;
         s.load.waiting_tokens[c] += prompt_tokens;
@@ -235,8 +252,31 @@ impl QueueGauge {
     /// its place. Its prompt does not matter (`judge`): the door's answer,
     /// before the body is read, is the gate's.
     pub(super) fn check(&self, class: Class) -> Result<(), Refusal> {
-        let s = self.lock();
-        Self::judge(&s, self.free_for(&s.load, class), class, 1)
+        self.check_at(class, Instant::now())
+    }
+
+    pub(super) fn check_at(&self, class: Class, now: Instant) -> Result<(), Refusal> {
+        let mut s = self.lock();
+        self.judge_pressing(&mut s, class, 1, now)
+    }
+
+    /// `judge` at `now`; a refusal that a single request would also get
+    /// (not one of a request's choices too many) presses the class's bounds
+    /// for W_max from now.
+    fn judge_pressing(
+        &self,
+        s: &mut State,
+        class: Class,
+        n: usize,
+        now: Instant,
+    ) -> Result<(), Refusal> {
+        let free = self.free_for(&s.load, class);
+        let verdict = Self::judge(s, free, class, n, now);
+        if verdict.is_err() && (n == 1 || Self::judge(s, free, class, 1, now).is_err()) {
+            let wait = self.policies[class.index()].queue_wait;
+            s.pressed_until[class.index()] = Some(now + wait);
+        }
+        verdict
     }
 
     /// The gate's rule (`reserve`) for `n` requests, given the slots the class
@@ -250,11 +290,11 @@ impl QueueGauge {
     /// is refused, whatever its own size; the derived budget judges only one
     /// that would wait behind more than `Bounds::token_free_waiting`. So the
     /// rule needs no prompt: the door applies it exactly, before the body is
-    /// read.
-    fn judge(s: &State, free: usize, class: Class, n: usize) -> Result<(), Refusal> {
+    /// read. The bounds are those in force at `now` (`State::bounds_at`).
+    fn judge(s: &State, free: usize, class: Class, n: usize, now: Instant) -> Result<(), Refusal> {
         let l = s.load;
         let c = class.index();
-        let bounds = s.bounds[c];
+        let bounds = s.bounds_at(class, now);
         let (ahead, ahead_tokens) = l.ahead_of(class);
         let refuse = |bound| Refusal {
             bound,
@@ -292,10 +332,18 @@ impl QueueGauge {
         self.lock().mix.typical()
     }
 
-    /// The rates and each class's bounds in force now.
+    /// The rates and each class's bounds in force now (pressed or not).
     pub fn snapshot(&self) -> (Rates, [Bounds; Class::COUNT]) {
         let s = self.lock();
-        (s.rates, s.bounds)
+        let now = Instant::now();
+        (s.rates, Class::ALL.map(|c| s.bounds_at(c, now)))
+    }
+
+    /// Whether each class's bounds are the pressed ones now.
+    pub fn pressed(&self) -> [bool; Class::COUNT] {
+        let s = self.lock();
+        let now = Instant::now();
+        s.pressed_until.map(|u| u.is_some_and(|u| now < u))
     }
 
     /// Seconds a client of `class` refused now should wait (for 503s sent by

@@ -406,3 +406,57 @@ fn a_closed_loop_of_twice_the_slots_is_never_refused_on_tokens() {
     assert_eq!(r.bound, QueueBound::Tokens);
     assert_eq!(r.waiting_tokens, 3600);
 }
+
+#[test]
+fn after_a_refusal_the_queue_holds_only_what_meets_w_max_until_w_max_passes_without_one() {
+    // Four slots, the derived bounds: L_max 4 (the slots' floor), 3 pressed
+    // (floor(0.667 req/s · (5 s − 0.5 s of a typical prompt))).
+    let p = Policy {
+        queue_depth_min: 4,
+        ..policy(5000, None)
+    };
+    let g = new_gauge(4, 4, RATES, [p, p]);
+    let t0 = Instant::now();
+    // A request of more choices than the slots and the queue hold is refused
+    // on an idle server: that says nothing about the load.
+    assert!(g.reserve(I, 9, 9).is_err());
+    assert_eq!(g.pressed(), [false, false]);
+    assert!(g.check_at(I, t0).is_ok());
+    // Four run, four wait: a closed loop of eight fits, and nothing presses.
+    for _ in 0..8 {
+        assert!(g.reserve(I, 1, 10).is_ok());
+    }
+    let mut running: Vec<Slot> = (0..4).map(|_| g.started(I, 10)).collect();
+    assert_eq!(g.pressed(), [false, false]);
+    // A ninth is refused: more arrive than the slots and the queue hold.
+    let r = g.reserve(I, 1, 10).unwrap_err();
+    assert_eq!(
+        (r.bound, r.bounds.queue_depth_max),
+        (QueueBound::Requests, 4)
+    );
+    assert_eq!(g.pressed(), [true, false], "only its own class");
+    assert_eq!(g.snapshot().1[I.index()].queue_depth_max, 3);
+    // One leaves the queue for a slot: three wait, and a newcomer would be
+    // the fourth, past what meets W_max.
+    running.truncate(3);
+    running.push(g.started(I, 10));
+    let r = g.reserve(I, 1, 10).unwrap_err();
+    assert_eq!(
+        (r.bound, r.bounds.queue_depth_max),
+        (QueueBound::Requests, 3)
+    );
+    running.truncate(3);
+    running.push(g.started(I, 10));
+    assert!(g.reserve(I, 1, 10).is_ok(), "the third waiting one");
+    // W_max after the last refusal, the slots' floor is back.
+    let last_refusal = Instant::now();
+    assert!(g
+        .check_at(I, last_refusal + Duration::from_millis(4900))
+        .is_err());
+    assert!(g
+        .check_at(
+            I,
+            last_refusal + Duration::from_millis(4900) + Duration::from_millis(5100)
+        )
+        .is_ok());
+}

@@ -46,7 +46,14 @@ pub(super) fn admission(cfg: &Config, gauge: &QueueGauge, rates: Rates, n_ctx: u
         cfg.typical.max_tokens,
         cfg.queue_wait.as_millis(),
         bounds.queue_depth_max,
-        if cfg.queue_depth.is_some() { " (set by --queue-depth)" } else { "" },
+        if cfg.queue_depth.is_some() {
+            " (set by --queue-depth)".to_string()
+        } else {
+            format!(
+                " ({} for W_max after the door refuses one: a typical first token within W_max)",
+                bounds.queue_depth_pressed
+            )
+        },
         bounds.queued_tokens_max,
         if cfg.queued_tokens_max.is_some() { " (set by --queued-tokens-max)" } else { "" },
         rates.prefill_tok_s,

@@ -133,9 +133,14 @@ type Gauge = (&'static str, &'static str, f64);
 type ClassGauge = (&'static str, &'static str, [f64; Class::COUNT]);
 
 /// Each class's queue, bounds, budgets and slots.
-fn class_gauges(state: &AppState, class_bounds: &[Bounds; Class::COUNT]) -> [ClassGauge; 7] {
+fn class_gauges(state: &AppState, class_bounds: &[Bounds; Class::COUNT]) -> [ClassGauge; 8] {
     let classes = |f: &dyn Fn(Class) -> f64| Class::ALL.map(f);
     [
+        (
+            "sluice_class_queue_pressed",
+            "1 while each class's door has refused within its W_max: its queue then holds only what keeps a typical first token within W_max.",
+            state.queue.pressed().map(|p| f64::from(u8::from(p))),
+        ),
         (
             "sluice_class_queue_depth",
             "Requests of each class waiting for a slot.",

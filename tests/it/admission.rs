@@ -735,3 +735,86 @@ fn a_client_that_retries_before_its_retry_after_waits_longer_and_costs_no_tokeni
     assert_eq!(status, 200);
     let _ = r.fill_buf();
 }
+
+/// Opens a long stream and reads its first token (it waits in the queue
+/// until then): the slot stays busy until the returned stream is dropped.
+fn hold_a_slot_from_the_queue(addr: std::net::SocketAddr) -> std::thread::JoinHandle<Sse> {
+    std::thread::spawn(move || {
+        let body = json!({"prompt": "Hi", "stream": true, "max_tokens": 4000, "ignore_eos": true, "temperature": 0});
+        let mut s = Sse::open(addr, "/v1/completions", &body);
+        assert_eq!(s.status, 200);
+        assert!(s.next_json().is_some());
+        s
+    })
+}
+
+#[test]
+fn once_the_door_refuses_the_queue_holds_only_what_meets_w_max() {
+    // Two slots; rates and W_max such that the derived L_max is the slots'
+    // floor, 2, and the pressed one 1: a typical request (128 + 128 tokens)
+    // takes 12.8 + 64 s, so floor(0.013/s · (120 s − 12.8 s)) = 1. A long
+    // W_max, so that the pressed bound outlasts the test on any box; no
+    // shedding.
+    let srv = Server::start(&[
+        "--parallel",
+        "2",
+        "--mu-prefill",
+        "10",
+        "--mu-decode",
+        "2",
+        "--mu-fixed",
+        "--queue-wait-ms",
+        "120000",
+        "--no-shed",
+    ]);
+    let depth_max = r#"sluice_class_queue_depth_max{class="interactive"}"#;
+    let pressed = r#"sluice_class_queue_pressed{class="interactive"}"#;
+    // Each a different request: the same body again would be an early retry.
+    let refused = |srv: &Server, n: usize| {
+        let r = srv.post(
+            "/v1/completions",
+            &json!({"prompt": format!("Say hi, {n}."), "max_tokens": 2}),
+        );
+        assert_eq!(r.status, 429, "{}", String::from_utf8_lossy(&r.body));
+        r.body_json()["error"]["queue"]["depth_max"].clone()
+    };
+    let running = [occupy_a_slot(&srv), occupy_a_slot(&srv)];
+    let queued = [
+        hold_a_slot_from_the_queue(srv.addr),
+        hold_a_slot_from_the_queue(srv.addr),
+    ];
+    wait_until(Duration::from_secs(120), "two requests to queue", || {
+        srv.metric("sluice_queue_depth") == 2.0
+    });
+    // A closed loop of four clients fits: nothing was refused yet.
+    assert_eq!((srv.metric(depth_max), srv.metric(pressed)), (2.0, 0.0));
+    // A fifth is refused by the slots' floor, and that presses the bound.
+    assert_eq!(refused(&srv, 1), 2);
+    assert_eq!((srv.metric(depth_max), srv.metric(pressed)), (1.0, 1.0));
+    // A slot frees, one waiting request takes it: one waits, and a newcomer,
+    // which the floor would have let wait beside it, is refused.
+    let [first, second] = running;
+    drop(first);
+    wait_until(
+        Duration::from_secs(120),
+        "a queued request to start",
+        || srv.metric("sluice_queue_depth") == 1.0,
+    );
+    assert_eq!(refused(&srv, 2), 1);
+    // The other slot frees, the queue empties: one may wait again.
+    drop(second);
+    wait_until(Duration::from_secs(120), "the queue to empty", || {
+        srv.metric("sluice_queue_depth") == 0.0
+    });
+    let streams: Vec<Sse> = queued
+        .into_iter()
+        .map(|h| h.join().expect("a queued client"))
+        .collect();
+    let third = hold_a_slot_from_the_queue(srv.addr);
+    wait_until(Duration::from_secs(120), "a request to queue", || {
+        srv.metric("sluice_queue_depth") == 1.0
+    });
+    assert_eq!(srv.metric(pressed), 1.0);
+    drop(streams);
+    assert_eq!(third.join().expect("the third client").status, 200);
+}
