@@ -365,17 +365,22 @@ fn the_first_token_forecast_is_the_wait_for_a_slot_then_the_prefill_ahead_and_ow
     ));
 }
 
+/// Four slots, W_max 5 s, the bounds derived (L_max at least the slots).
+fn four_slots_derived() -> Both {
+    let p = Policy {
+        queue_depth_min: 4,
+        ..policy(5000, None)
+    };
+    new_gauge(4, 4, RATES, [p, p])
+}
+
 #[test]
 fn a_closed_loop_of_twice_the_slots_is_never_refused_on_tokens() {
     // The derived budget (μ_prefill · W_max = 200 tok/s · 5 s = 1000), four
     // slots, L_max at its floor of four: eight clients that each send again
     // only when answered can never have more than four waiting, so none of
     // them is refused, however long their prompts.
-    let p = Policy {
-        queue_depth_min: 4,
-        ..policy(5000, None)
-    };
-    let g = new_gauge(4, 4, RATES, [p, p]);
+    let g = four_slots_derived();
     let (_, [b, _]) = g.snapshot();
     assert_eq!((b.queue_depth_max, b.queued_tokens_max), (4, 1000));
     let mut running: Vec<Slot> = Vec::new();
@@ -411,11 +416,7 @@ fn a_closed_loop_of_twice_the_slots_is_never_refused_on_tokens() {
 fn after_a_refusal_the_queue_holds_only_what_meets_w_max_until_w_max_passes_without_one() {
     // Four slots, the derived bounds: L_max 4 (the slots' floor), 3 pressed
     // (floor(0.667 req/s · (5 s − 0.5 s of a typical prompt))).
-    let p = Policy {
-        queue_depth_min: 4,
-        ..policy(5000, None)
-    };
-    let g = new_gauge(4, 4, RATES, [p, p]);
+    let g = four_slots_derived();
     let t0 = Instant::now();
     // A request of more choices than the slots and the queue hold is refused
     // on an idle server: that says nothing about the load.

@@ -9,8 +9,14 @@ use std::time::Duration;
 /// Starts a long stream and reads its first token: a slot stays busy until the
 /// returned stream is dropped (which cancels it).
 fn occupy_a_slot(srv: &Server) -> Sse {
+    long_stream(srv.addr)
+}
+
+/// A long stream whose first token was read (it waits in the queue until
+/// then).
+fn long_stream(addr: std::net::SocketAddr) -> Sse {
     let body = json!({"prompt": "Hi", "stream": true, "max_tokens": 4000, "ignore_eos": true, "temperature": 0});
-    let mut s = Sse::open(srv.addr, "/v1/completions", &body);
+    let mut s = Sse::open(addr, "/v1/completions", &body);
     assert_eq!(s.status, 200);
     assert!(s.next_json().is_some());
     s
@@ -736,16 +742,10 @@ fn a_client_that_retries_before_its_retry_after_waits_longer_and_costs_no_tokeni
     let _ = r.fill_buf();
 }
 
-/// Opens a long stream and reads its first token (it waits in the queue
-/// until then): the slot stays busy until the returned stream is dropped.
+/// `long_stream` on a thread of its own, as it may wait in the queue: the
+/// slot it then takes stays busy until the stream is dropped.
 fn hold_a_slot_from_the_queue(addr: std::net::SocketAddr) -> std::thread::JoinHandle<Sse> {
-    std::thread::spawn(move || {
-        let body = json!({"prompt": "Hi", "stream": true, "max_tokens": 4000, "ignore_eos": true, "temperature": 0});
-        let mut s = Sse::open(addr, "/v1/completions", &body);
-        assert_eq!(s.status, 200);
-        assert!(s.next_json().is_some());
-        s
-    })
+    std::thread::spawn(move || long_stream(addr))
 }
 
 #[test]
