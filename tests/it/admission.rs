@@ -503,10 +503,10 @@ fn a_closed_loop_within_the_slots_and_the_queue_bound_is_never_refused() {
     );
     // A closed loop of slots + L_max = 4 clients, each sending its next
     // request when the last one is answered: 2 run and 2 wait, each for
-    // about a whole answer of 300 tokens, over the 2.5 s sojourn target on
+    // about a whole answer of 200 tokens, over the 2.5 s sojourn target on
     // most boxes.
     let clients = 4;
-    let per_client = 3;
+    let per_client = 2;
     let peak = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = {
@@ -530,7 +530,7 @@ fn a_closed_loop_within_the_slots_and_the_queue_bound_is_never_refused() {
                 (0..per_client)
                     .map(|i| {
                         let body =
-                            json!({"prompt": prompt(c, i), "max_tokens": 300, "ignore_eos": true});
+                            json!({"prompt": prompt(c, i), "max_tokens": 200, "ignore_eos": true});
                         let r = post_json(addr, "/v1/completions", &body);
                         (r.status, String::from_utf8_lossy(&r.body).into_owned())
                     })

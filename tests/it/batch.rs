@@ -101,7 +101,9 @@ fn a_batch_killed_mid_way_resumes_at_the_next_start_with_each_line_answered_once
     let _ = std::fs::remove_dir_all(&dir);
     let args = ["--data-dir", dir.to_str().unwrap()];
     let mut srv = Server::start(&args);
-    let (status, f) = upload(&srv, &chat_lines(200, 24));
+    // 60 lines of 16 tokens: after the third is answered, the rest need over
+    // ten more rounds of the slots, while the kill follows within a poll.
+    let (status, f) = upload(&srv, &chat_lines(60, 16));
     assert_eq!(status, 200, "{f}");
     let (status, b) = create(&srv, f["id"].as_str().unwrap());
     assert_eq!(status, 200, "{b}");
@@ -123,14 +125,14 @@ fn a_batch_killed_mid_way_resumes_at_the_next_start_with_each_line_answered_once
         let again = Server::start(&args);
         let b = get(&again, &path);
         let done = b["request_counts"]["completed"].as_u64().unwrap();
-        assert!(done < 200, "the batch ended before the kill: {b}");
+        assert!(done < 60, "the batch ended before the kill: {b}");
         wait_until(WAIT, "the batch to complete after the restart", || {
             get(&again, &path)["status"] == "completed"
         });
         let b = get(&again, &path);
         assert_eq!(
             b["request_counts"],
-            json!({"total": 200, "completed": 200, "failed": 0})
+            json!({"total": 60, "completed": 60, "failed": 0})
         );
         let out = request(
             again.addr,
@@ -150,7 +152,7 @@ fn a_batch_killed_mid_way_resumes_at_the_next_start_with_each_line_answered_once
                 .entry(v["custom_id"].as_str().unwrap().to_string())
                 .or_insert(0) += 1;
         }
-        assert_eq!(seen.len(), 200, "every custom_id answered");
+        assert_eq!(seen.len(), 60, "every custom_id answered");
         assert!(seen.values().all(|&n| n == 1), "no custom_id twice");
         assert!(b["error_file_id"].is_null(), "{b}");
         done
@@ -209,7 +211,9 @@ fn the_stores_bounds_are_refused_by_name_and_the_api_can_be_off() {
 #[test]
 fn an_interactive_request_preempts_running_batch_lines_which_run_again_later() {
     let srv = Server::start(&[]);
-    let (_, f) = upload(&srv, &chat_lines(6, 400));
+    // Lines long enough to be running when the stream arrives, a poll after
+    // the first starts; each preempted one runs again from its start.
+    let (_, f) = upload(&srv, &chat_lines(4, 150));
     let (status, b) = create(&srv, f["id"].as_str().unwrap());
     assert_eq!(status, 200, "{b}");
     let path = format!("/v1/batches/{}", b["id"].as_str().unwrap());
@@ -236,7 +240,7 @@ fn an_interactive_request_preempts_running_batch_lines_which_run_again_later() {
     let b = get(&srv, &path);
     assert_eq!(
         b["request_counts"],
-        json!({"total": 6, "completed": 6, "failed": 0})
+        json!({"total": 4, "completed": 4, "failed": 0})
     );
 }
 

@@ -159,7 +159,7 @@ fn under_kv_and_memory_pressure_entries_are_evicted_and_every_request_completes(
     let clients: Vec<_> = (0..2)
         .map(|c| {
             std::thread::spawn(move || {
-                for i in 0..6 {
+                for i in 0..4 {
                     let prompt = format!("Client {c}, request {i}.\n{}", long_prompt(20 + i));
                     let body = json!({"prompt": prompt, "max_tokens": 16, "ignore_eos": true, "temperature": 0});
                     let r = post_json(addr, "/v1/completions", &body);
@@ -172,11 +172,11 @@ fn under_kv_and_memory_pressure_entries_are_evicted_and_every_request_completes(
     for c in clients {
         c.join().expect("client");
     }
-    assert_eq!(srv.metric("sluice_requests_completed_total"), 12.0);
+    assert_eq!(srv.metric("sluice_requests_completed_total"), 8.0);
     assert_eq!(srv.metric("sluice_requests_failed_total"), 0.0);
     assert!(
         srv.metric("sluice_prefix_cache_tokens_evicted_total") > 0.0,
-        "twelve ~10 MiB entries in 20 MiB must evict"
+        "eight ~10 MiB entries in 20 MiB must evict"
     );
     let bytes = srv.metric("sluice_prefix_cache_bytes");
     assert!(
