@@ -86,11 +86,17 @@ impl State {
     /// slots' floor serves without refusing): waiting past W_max would only
     /// make every admitted request late, as arrivals keep the queue full.
     fn bounds_at(&self, class: Class, now: Instant) -> Bounds {
-        let c = class.index();
-        match self.pressed_until[c] {
-            Some(until) if now < until => self.bounds[c].pressed(),
-            _ => self.bounds[c],
+        let bounds = self.bounds[class.index()];
+        if self.is_pressed(class, now) {
+            bounds.pressed()
+        } else {
+            bounds
         }
+    }
+
+    /// Whether `class` is within W_max of its door's last refusal at `now`.
+    fn is_pressed(&self, class: Class, now: Instant) -> bool {
+        self.pressed_until[class.index()].is_some_and(|until| now < until)
     }
 
     /// The bounds of each class from the rates and the mix in force.
@@ -255,6 +261,8 @@ impl QueueGauge {
         self.check_at(class, Instant::now())
     }
 
+    /// `check` at a given instant, so that the unit tests can step past W_max
+    /// without waiting for it.
     pub(super) fn check_at(&self, class: Class, now: Instant) -> Result<(), Refusal> {
         let mut s = self.lock();
         self.judge_pressing(&mut s, class, 1, now)
@@ -343,7 +351,7 @@ impl QueueGauge {
     pub fn pressed(&self) -> [bool; Class::COUNT] {
         let s = self.lock();
         let now = Instant::now();
-        s.pressed_until.map(|u| u.is_some_and(|u| now < u))
+        Class::ALL.map(|c| s.is_pressed(c, now))
     }
 
     /// Seconds a client of `class` refused now should wait (for 503s sent by
