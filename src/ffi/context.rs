@@ -170,7 +170,11 @@ impl AbortWatch {
 /// the context (`Context::abort`).
 unsafe extern "C" fn abort_callback(data: *mut c_void) -> bool {
     let watch = &*(data as *const AbortWatch);
-    watch.should_abort()
+    let abort = watch.should_abort();
+    if abort {
+        super::model::ABORTING.store(true, Ordering::Relaxed);
+    }
+    abort
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -300,6 +304,7 @@ impl Context {
         // SAFETY: a live context, and a batch within n_batch (asserted) whose
         // arrays llama_batch_init sized for its capacity.
         let rc = unsafe { sys::llama_decode(self.ptr.as_ptr(), batch.raw) };
+        super::model::ABORTING.store(false, Ordering::Relaxed);
         match rc {
             0 => Ok(()),
             1 => Err(DecodeError::KvFull),

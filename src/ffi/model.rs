@@ -6,7 +6,7 @@ use llama_cpp_sys_2 as sys;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Once;
 
 pub type Token = i32;
@@ -37,6 +37,24 @@ pub fn backend_init(verbose: bool) {
     });
 }
 
+/// Set from the moment sluice's abort callback stops a pass until its
+/// `llama_decode` returns (`Context::decode`). llama.cpp reports such a pass
+/// in four lines, as errors and a warning: the graph's compute "failed" with
+/// ggml's status 1 (`GGML_STATUS_ABORTED`), the batch's KV entries were
+/// removed, and `llama_decode` failed with 2 (its abort). All are what sluice
+/// asked for, when every client of the batch left, and
+/// `sluice_decodes_aborted_total` counts them.
+pub(super) static ABORTING: AtomicBool = AtomicBool::new(false);
+
+/// Whether a line of llama.cpp's log only reports a pass that was aborted.
+fn reports_our_abort(text: &str) -> bool {
+    let text = text.trim_end();
+    text.ends_with("ggml_backend_sched_graph_compute_async failed with error 1")
+        || text.ends_with("failed to compute graph, compute status: 1")
+        || text.contains("removing memory module entries for seq_id")
+        || text.ends_with("llama_decode: failed to decode, ret = 2")
+}
+
 /// # Safety
 /// `text` is NULL or a NUL-terminated string, as ggml promises its log callback.
 unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_char, _: *mut c_void) {
@@ -49,6 +67,10 @@ unsafe extern "C" fn log_callback(level: sys::ggml_log_level, text: *const c_cha
         // Through `say!`: never a panic across this C frame on a closed
         // stderr, and a JSON line with --log-format json.
         let msg = CStr::from_ptr(text).to_string_lossy();
+        // A client leaving mid-prefill is not an error to show the operator.
+        if ABORTING.load(Ordering::Relaxed) && reports_our_abort(&msg) {
+            return;
+        }
         crate::say!("llama.cpp: {}", msg.trim_end_matches('\n'));
     }
 }
@@ -264,5 +286,33 @@ impl Drop for Model {
     fn drop(&mut self) {
         // SAFETY: loaded in `load`, freed once.
         unsafe { sys::llama_model_free(self.ptr.as_ptr()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reports_our_abort;
+
+    #[test]
+    fn only_the_lines_of_an_aborted_pass_are_recognised() {
+        // What an aborted pass logs (seen in tests/it/flow.rs's departure).
+        for line in [
+            "graph_compute: ggml_backend_sched_graph_compute_async failed with error 1\n",
+            "process_ubatch: failed to compute graph, compute status: 1\n",
+            "decode: removing memory module entries for seq_id = 0, pos = [512, +inf)\n",
+            "llama_decode: failed to decode, ret = 2\n",
+        ] {
+            assert!(reports_our_abort(line), "{line}");
+        }
+        // Other failures stay in the log, with their codes.
+        for line in [
+            "graph_compute: ggml_backend_sched_graph_compute_async failed with error -1\n",
+            "graph_compute: ggml_backend_sched_graph_compute_async failed with error 10\n",
+            "process_ubatch: failed to compute graph, compute status: -2\n",
+            "llama_decode: failed to decode, ret = -3\n",
+            "decode: failed to find a memory slot for batch of size 512\n",
+        ] {
+            assert!(!reports_our_abort(line), "{line}");
+        }
     }
 }
