@@ -357,17 +357,19 @@ fn under_sustained_overload_readyz_turns_503_and_back_while_livez_stays_200() {
 
 #[test]
 fn past_the_sojourn_target_only_requests_that_can_still_meet_w_max_start() {
-    // W_max 4 s, so the sojourn target is 2 s. One slot, calibrated rates, and
+    // W_max 8 s, so the sojourn target is 4 s. One slot, calibrated rates, and
     // room in the queue for a long prompt and a short one behind it.
     // Rates fixed at 200 and 150 tok/s whatever the box does: the long
-    // prompt's forecast is 15 s of prefill, the short one's well under a second.
+    // prompt's forecast is 15 s of prefill, the short one's well under a
+    // second, which leaves the short one over 3 s of W_max for a busy box to
+    // free the slot in.
     let srv = Server::start(&[
         "--parallel",
         "1",
         "--queue-depth",
         "2",
         "--queue-wait-ms",
-        "4000",
+        "8000",
         "--queued-tokens-max",
         "10000",
         "--mu-prefill",
@@ -398,7 +400,7 @@ fn past_the_sojourn_target_only_requests_that_can_still_meet_w_max_start() {
         || srv.metric("sluice_queue_depth") == 2.0,
     );
     // Both wait past the sojourn target, then the slot frees.
-    std::thread::sleep(Duration::from_millis(2200));
+    std::thread::sleep(Duration::from_millis(4200));
     drop(running);
 
     let long = long.join().expect("client");
