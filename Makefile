@@ -36,12 +36,19 @@ export CCACHE_DIR ?= $(CURDIR)/target/ccache
 # FMA, F16C, BMI2 here; -march=native there) and are compiled for the package.
 DEB_CCACHE = CCACHE_READONLY=1 CCACHE_IGNOREOPTIONS=-march=x86-64-v3
 
-.PHONY: serve test unit integration service-unit lint deps model test-models build deb install
+.PHONY: serve test unit integration test-setup service-unit lint deps model test-models build deb install
 
 serve: deps model build
 	./target/release/sluice serve $(ARGS)
 
-test: deps model unit integration service-unit
+# The unit tests' build (llama.cpp, minutes of CPU) and the integration
+# tests' downloads (the second model, the test virtualenv: a minute, mostly
+# the network) run side by side; then the package's build and the suite.
+test: deps model
+	@$(MAKE) --no-print-directory test-setup & setup=$$!; \
+	$(MAKE) --no-print-directory unit; unit=$$?; \
+	wait $$setup && [ $$unit -eq 0 ]
+	@$(MAKE) --no-print-directory integration service-unit
 
 deps:
 	./deploy/install-deps
@@ -65,9 +72,13 @@ unit: deps
 
 # The real binary and the real model over real sockets; one at a time, since
 # each test's server uses every core. `build` provides the sluice-bench binary.
-integration: deps test-models build deb
-	./deploy/install-deps --for-tests
+integration: test-setup build deb
 	$(CARGO) test --release --test it -- --test-threads=1
+
+# What the integration tests need beside sluice: the second model, HAProxy,
+# promtool, Chromium, ss, qemu-user and the test virtualenv.
+test-setup: deps test-models
+	./deploy/install-deps --for-tests
 
 # The Debian package (cargo-deb): /usr/bin/sluice built for x86-64-v3, the
 # units, /etc/default/sluice, the default model. In target/debian/.
