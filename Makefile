@@ -42,8 +42,9 @@ serve: deps model build
 	./target/release/sluice serve $(ARGS)
 
 # The unit tests' build (llama.cpp, minutes of CPU) and the integration
-# tests' downloads (the second model, the test virtualenv: a minute, mostly
-# the network) run side by side; then the package's build and the suite.
+# tests' set-up (the second model, the test virtualenv: about a minute here,
+# a third of it waiting on the network) run side by side; then the package's
+# build and the suite.
 test: deps model
 	@$(MAKE) --no-print-directory test-setup & setup=$$!; \
 	$(MAKE) --no-print-directory unit; unit=$$?; \
