@@ -60,7 +60,7 @@ pub fn pairing_name((fa, kv): (FlashAttn, KvType)) -> String {
 /// CPU and model: a decode step of each of the server's `parallel`
 /// sequences and a prefill chunk, at a short chat's depth and at a long
 /// one's (the mean of both judges), each in a context shaped as the
-/// server's, `base` (`calibration::time_attention`). The first
+/// server's, `base`, the pairings taking turns (`time_pairings`). The first
 /// candidate is the default; a later one is taken only if it is
 /// `FLASH_ATTN_GAIN_MIN` faster than the choice so far (`attention_choice`).
 /// The first candidate if the measurement fails.
@@ -71,8 +71,8 @@ pub fn measure_attention(
     candidates: &[(FlashAttn, KvType)],
 ) -> (FlashAttn, KvType) {
     use engine::calibration::{
-        attention_choice, time_attention, AttentionTiming, FLASH_ATTN_CHUNK_TOKENS,
-        FLASH_ATTN_DEEP_TOKENS, FLASH_ATTN_DEPTH_TOKENS,
+        attention_choice, AttentionTiming, FLASH_ATTN_CHUNK_TOKENS, FLASH_ATTN_DEEP_TOKENS,
+        FLASH_ATTN_DEPTH_TOKENS,
     };
     let started = Instant::now();
     let name = pairing_name;
@@ -83,13 +83,8 @@ pub fn measure_attention(
         .into_iter()
         .filter(|&d| d == FLASH_ATTN_DEPTH_TOKENS || d + FLASH_ATTN_CHUNK_TOKENS < per_seq)
         .collect();
-    // Each depth's prompt, tokenized once for every candidate.
-    let prompts = match depths
-        .iter()
-        .map(|&d| engine::calibration::prompt(model, d + FLASH_ATTN_CHUNK_TOKENS))
-        .collect::<Result<Vec<_>, String>>()
-    {
-        Ok(p) => p,
+    let by_depth = match time_pairings(model, base, parallel, candidates, &depths) {
+        Ok(t) => t,
         Err(e) => {
             crate::say!(
                 "sluice: attention: flash attention {} (measuring failed: {e})",
@@ -98,48 +93,6 @@ pub fn measure_attention(
             return candidates[0];
         }
     };
-    // The serving context's shape (its sequences, its streams' size), with
-    // each pairing: the cost of a step depends on both. Timed at each depth;
-    // a depth at which the pairing is already twice as slow as the best
-    // (`best`, per depth) is not timed again.
-    let timing = |(flash_attn, kv_type), best: &[f64]| -> Result<Vec<AttentionTiming>, String> {
-        let p = ContextParams {
-            n_batch: base.n_batch.max(FLASH_ATTN_DEPTH_TOKENS as u32),
-            flash_attn,
-            kv_type,
-            ..base.clone()
-        };
-        let mut ctx = Context::new(Arc::clone(model), &p)?;
-        prompts
-            .iter()
-            .zip(best)
-            .map(|(prompt, &best)| {
-                time_attention(&mut ctx, prompt, parallel, base.kv_layout, 2.0 * best)
-            })
-            .collect()
-    };
-    let mut by_depth: Vec<Vec<AttentionTiming>> = Vec::with_capacity(candidates.len());
-    for &c in candidates {
-        let best: Vec<f64> = (0..depths.len())
-            .map(|d| {
-                by_depth
-                    .iter()
-                    .map(|t| t[d].score())
-                    .fold(f64::INFINITY, f64::min)
-            })
-            .collect();
-        match timing(c, &best) {
-            Ok(t) => by_depth.push(t),
-            Err(e) => {
-                crate::say!(
-                    "sluice: attention: flash attention {} (measuring {} failed: {e})",
-                    name(candidates[0]),
-                    name(c)
-                );
-                return candidates[0];
-            }
-        }
-    }
     let means: Vec<AttentionTiming> = by_depth.iter().map(|t| AttentionTiming::mean(t)).collect();
     let chosen = candidates[attention_choice(&means)];
     let each: Vec<String> = candidates
@@ -156,6 +109,45 @@ pub fn measure_attention(
         each.join(", ")
     );
     chosen
+}
+
+/// Each of `candidates`' timings, depth by depth: every pairing in a
+/// context shaped as the server's, `base` (its sequences, its streams' size:
+/// the cost of a step depends on both), all alive at once so that they take
+/// turns (`calibration::time_attention`).
+fn time_pairings(
+    model: &Arc<Model>,
+    base: &ContextParams,
+    parallel: usize,
+    candidates: &[(FlashAttn, KvType)],
+    depths: &[usize],
+) -> Result<Vec<Vec<engine::calibration::AttentionTiming>>, String> {
+    use engine::calibration::{prompt, time_attention, FLASH_ATTN_CHUNK_TOKENS};
+    let mut ctxs = candidates
+        .iter()
+        .map(|&(flash_attn, kv_type)| {
+            let p = ContextParams {
+                // Big enough for what is timed (a chunk, a decode step);
+                // the server's 512 would give each of the contexts alive
+                // together compute buffers for 512-token passes.
+                n_batch: engine::calibration::FLASH_ATTN_DEPTH_TOKENS as u32,
+                flash_attn,
+                kv_type,
+                ..base.clone()
+            };
+            Context::new(Arc::clone(model), &p)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let at_depth = depths
+        .iter()
+        .map(|&d| {
+            let prompt = prompt(model, d + FLASH_ATTN_CHUNK_TOKENS)?;
+            time_attention(&mut ctxs, &prompt, parallel, base.kv_layout)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok((0..candidates.len())
+        .map(|c| at_depth.iter().map(|timings| timings[c]).collect())
+        .collect())
 }
 
 /// A pairing's timings for the log, depth by depth: `decode/prefill` ms a

@@ -455,6 +455,15 @@ impl Context {
         read != 0
     }
 
+    /// Puts the compute threads to sleep now instead of letting them poll for
+    /// the next pass (`ContextParams::poll`); the next `decode` wakes them.
+    /// For a context that leaves the CPUs to another one for a while.
+    pub fn pause_threads(&mut self) {
+        // SAFETY: the pool is live while the context is; ggml resumes a paused
+        // pool when the next graph is computed.
+        unsafe { sys::ggml_threadpool_pause(self.pool.as_ptr()) }
+    }
+
     /// The highest position `seq` holds in the KV cache, or -1 when it holds none.
     pub fn sequence_pos_max(&self, seq: i32) -> i32 {
         // SAFETY: a live context.
