@@ -127,10 +127,10 @@ fn time_pairings(
         .iter()
         .map(|&(flash_attn, kv_type)| {
             let p = ContextParams {
-                // Big enough for what is timed (a chunk, a decode step);
-                // the server's 512 would give each of the contexts alive
-                // together compute buffers for 512-token passes.
-                n_batch: engine::calibration::FLASH_ATTN_DEPTH_TOKENS as u32,
+                // Big enough for what is timed (a chunk, a decode token of
+                // every sequence); the server's 512 would give each of the
+                // contexts alive together buffers for 512-token passes.
+                n_batch: (engine::calibration::FLASH_ATTN_DEPTH_TOKENS.max(parallel)) as u32,
                 flash_attn,
                 kv_type,
                 ..base.clone()

@@ -237,9 +237,10 @@ pub fn worth_timing(first: &[AttentionTiming]) -> Vec<bool> {
 /// machine's speed while it measures touches every pairing alike. Timed one
 /// after the other (each pairing's rounds together, their median counting),
 /// three runs on a 2-core AMD EPYC (alternating with three of this way)
-/// chose flash attention on with a q8_0 cache twice (off, K in q8_0, was 0.6 % and 4.8 % faster: inside
-/// `FLASH_ATTN_GAIN_MIN`) and off once (22 % faster); taking turns, with the
-/// fastest counting, the three runs between them chose off, 8-30 % faster.
+/// chose flash attention on with a q8_0 cache twice (off, K in q8_0, was
+/// 0.6 % and 4.8 % faster: inside `FLASH_ATTN_GAIN_MIN`) and off once (22 %
+/// faster); taking turns, with the fastest counting, the three runs between
+/// them chose off, 8-30 % faster.
 /// One untimed round each (it builds the graphs), then `FLASH_ATTN_REPS`
 /// rounds of those `worth_timing` (`AttentionRound::fastest`). Leaves the
 /// sequences empty.
