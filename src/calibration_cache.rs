@@ -10,7 +10,10 @@
 //! they always are), and the refined ones are kept again when sluice stops.
 //! The attention pairings are timed only by `sluice serve --calibrate-only`
 //! (the long measurement, ahead of time); until then a start uses the first
-//! candidate, which won on every CPU measured so far.
+//! candidate, which served short chats fastest on both CPUs measured. The
+//! timings are kept too, and each stop adds the tokens the engine served
+//! (with their depth): a later start chooses among the timed pairings by
+//! what they would have cost for those tokens (`engine::served`).
 //!
 //! The file is JSON (`{"version": 1, "entries": [...]}`), at most
 //! `ENTRIES_MAX` entries, the newest first; a file that cannot be read or
@@ -18,6 +21,7 @@
 //! next start's measurement (logged).
 
 use crate::engine::calibration::Calibration;
+use crate::engine::served::{choice_for, DepthTiming, Served};
 use crate::ffi::{FlashAttn, KvLayout, KvType};
 use crate::startup::pairing_name;
 use serde::{Deserialize, Serialize};
@@ -69,6 +73,14 @@ pub struct Entry {
     pub written_unix_s: u64,
     /// The rates are the engine's online refinement, kept at a stop.
     pub refined: bool,
+    /// What `--calibrate-only` timed: each candidate's per-token timings by
+    /// depth, in `key.candidates`' order (none when nothing was timed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attention_timings: Vec<Vec<DepthTiming>>,
+    /// The tokens served since the timings, added at each stop: the next
+    /// start weighs the timings by them (`engine::served`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served: Option<Served>,
 }
 
 impl Entry {
@@ -83,19 +95,33 @@ impl Entry {
             save_s_per_run: c.save_s_per_run,
             written_unix_s: now_unix_s(),
             refined: false,
+            attention_timings: Vec::new(),
+            served: None,
         }
+    }
+
+    /// The pairing to serve with: the one kept, or, when it was timed and
+    /// enough tokens were served since, the candidate that would have served
+    /// them at `FLASH_ATTN_GAIN_MIN` less cost (`served::choice_for`).
+    pub fn serving_pairing(&self) -> Option<(FlashAttn, KvType)> {
+        let kept = self.pairing()?;
+        let (Some(served), true) = (self.served, self.attention_measured) else {
+            return Some(kept);
+        };
+        let names = &self.key.candidates;
+        let Some(at) = names.iter().position(|n| *n == self.attention) else {
+            return Some(kept);
+        };
+        if self.attention_timings.len() != names.len() {
+            return Some(kept);
+        }
+        let chosen = choice_for(&self.attention_timings, &served, at);
+        Some(parse_pairing(&names[chosen]).unwrap_or(kept))
     }
 
     /// The pairing kept, if it still parses.
     pub fn pairing(&self) -> Option<(FlashAttn, KvType)> {
-        let (fa, kv) = self.attention.split_once('/')?;
-        let fa = match fa {
-            "off" => FlashAttn::Off,
-            "on" => FlashAttn::On,
-            "auto" => FlashAttn::Auto,
-            _ => return None,
-        };
-        Some((fa, KvType::from_name(kv)?))
+        parse_pairing(&self.attention)
     }
 
     /// The kept rates as a calibration, if they are usable.
@@ -115,6 +141,18 @@ impl Entry {
             seconds: 0.0,
         })
     }
+}
+
+/// A pairing from its name (`pairing_name`): `off/q8_0/f16`.
+fn parse_pairing(name: &str) -> Option<(FlashAttn, KvType)> {
+    let (fa, kv) = name.split_once('/')?;
+    let fa = match fa {
+        "off" => FlashAttn::Off,
+        "on" => FlashAttn::On,
+        "auto" => FlashAttn::Auto,
+        _ => return None,
+    };
+    Some((fa, KvType::from_name(kv)?))
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -291,20 +329,35 @@ impl Kept {
     }
 
     /// Logs where the attention pairing came from, and keeps what was
-    /// measured now (the pairing, the rates).
+    /// measured now (the pairing, the rates, and `timings`, the pairings'
+    /// timings if they were timed now).
     pub fn report(
-        self,
+        mut self,
         pairing: (FlashAttn, KvType),
         measured: bool,
         calibration: Option<&Calibration>,
         from_cache: bool,
+        timings: &[Vec<DepthTiming>],
     ) -> Kept {
         let name = pairing_name(pairing);
         match (&self.entry, measured) {
-            (Some(e), true) if e.attention_measured => crate::say!(
+            (Some(e), true) if e.attention_measured && e.attention == name => crate::say!(
                 "sluice: attention: flash attention/KV type {name} (measured before, from the calibration cache {})",
                 self.path.display()
             ),
+            (Some(e), true) if e.attention_measured => {
+                let s = e.served.unwrap_or_default();
+                crate::say!(
+                    "sluice: attention: flash attention/KV type {name}, not {} (measured before; chosen anew for the tokens served since: {:.0} prompt tokens {:.0} deep on average, {:.0} decode tokens {:.0} deep; calibration cache {})",
+                    e.attention,
+                    s.prefill_tokens,
+                    s.prefill_depth_mean,
+                    s.decode_tokens,
+                    s.decode_depth_mean,
+                    self.path.display()
+                );
+                self = self.keep_pairing(&name);
+            }
             (_, true) => {}
             (_, false) if self.key.candidates.len() > 1 => crate::say!(
                 "sluice: attention: flash attention/KV type {name}, the first candidate (not timed on this machine; `sluice serve --calibrate-only` times {} and keeps the choice)",
@@ -321,7 +374,16 @@ impl Kept {
                 .as_ref()
                 .is_some_and(|e| e.attention_measured != measured);
         if fresh {
-            let entry = Entry::new(self.key.clone(), pairing, measured, c);
+            let mut entry = Entry::new(self.key.clone(), pairing, measured, c);
+            // Timed now, or before (the rates measured anew): the timings,
+            // and the tokens served since them, stay.
+            match (&self.entry, timings.is_empty()) {
+                (Some(old), true) if measured => {
+                    entry.attention_timings = old.attention_timings.clone();
+                    entry.served = old.served;
+                }
+                _ => entry.attention_timings = timings.to_vec(),
+            }
             match store(&self.path, entry.clone()) {
                 Ok(()) => crate::say!(
                     "sluice: calibration cache: kept in {} for the next start",
@@ -337,9 +399,29 @@ impl Kept {
         self
     }
 
+    /// The entry's pairing becomes `name` (chosen anew at this start), kept
+    /// at once: a start after a crash chooses from the same counts.
+    fn keep_pairing(mut self, name: &str) -> Kept {
+        if let Some(e) = self.entry.as_mut() {
+            e.attention = name.to_string();
+            if let Err(e) = store(&self.path, e.clone()) {
+                crate::say!("sluice: calibration cache: could not keep the pairing ({e})");
+            }
+        }
+        self
+    }
+
     /// At a stop: the rates the engine refined online replace the kept ones
-    /// (the batch-1 decode rate and the save cost stay as measured).
-    pub fn keep_refined(self, c: &Calibration, prefill_tok_s: f64, decode_tok_s: f64) {
+    /// (the batch-1 decode rate and the save cost stay as measured), and
+    /// the tokens `served` are added to the kept ones where pairings were
+    /// timed.
+    pub fn keep_refined(
+        self,
+        c: &Calibration,
+        prefill_tok_s: f64,
+        decode_tok_s: f64,
+        served: Served,
+    ) {
         let Some(mut entry) = self.entry else {
             return;
         };
@@ -351,6 +433,10 @@ impl Kept {
         entry.decode_tok_s_parallel = decode_tok_s;
         entry.decode_tok_s_batch_1 = c.decode_tok_s_batch_1;
         entry.refined = true;
+        if !entry.attention_timings.is_empty() && served.is_usable() {
+            let kept = entry.served.filter(Served::is_usable).unwrap_or_default();
+            entry.served = Some(kept.then(served));
+        }
         match store(&self.path, entry) {
             Ok(()) => crate::say!(
                 "sluice: calibration cache: the rates refined online (prefill {prefill_tok_s:.0} tok/s, decode {decode_tok_s:.1} tok/s) kept in {}",
@@ -463,6 +549,69 @@ mod tests {
         assert!(e.calibration().is_none());
         e.attention = "sideways/f16".into();
         assert_eq!(e.pairing(), None);
+    }
+
+    #[test]
+    fn the_tokens_served_choose_among_the_timed_pairings() {
+        let t = |depth: usize, decode_ms: f64, prefill_ms: f64| DepthTiming {
+            depth,
+            decode_s_per_token: decode_ms / 1e3,
+            prefill_s_per_token: prefill_ms / 1e3,
+        };
+        // key(4)'s candidates: off/q8_0/f16, then off/f16, the one kept;
+        // K in q8_0 is half as dear deep in a context, a tie at a chat's.
+        let (q8, f16) = (
+            (FlashAttn::Off, KvType::Q8_0KeysF16Values),
+            (FlashAttn::Off, KvType::F16),
+        );
+        let mut e = Entry::new(key(4), f16, true, &calibration(700.0));
+        e.attention_timings = vec![
+            vec![t(128, 8.5, 5.7), t(1024, 10.0, 9.0)],
+            vec![t(128, 8.4, 5.8), t(1024, 12.0, 18.0)],
+        ];
+        assert_eq!(e.serving_pairing(), Some(f16), "nothing served yet");
+        let deep = Served {
+            prefill_tokens: 50_000.0,
+            prefill_depth_mean: 2_500.0,
+            decode_tokens: 5_000.0,
+            decode_depth_mean: 5_000.0,
+        };
+        e.served = Some(deep);
+        assert_eq!(e.serving_pairing(), Some(q8));
+        let chats = Served {
+            prefill_depth_mean: 60.0,
+            decode_depth_mean: 150.0,
+            ..deep
+        };
+        e.served = Some(chats);
+        assert_eq!(e.serving_pairing(), Some(f16), "a tie keeps the pairing");
+        e.served = Some(deep);
+        e.attention_timings.pop();
+        assert_eq!(e.serving_pairing(), Some(f16), "timings missing");
+        e.attention_timings = vec![Vec::new(), Vec::new()];
+        assert_eq!(e.serving_pairing(), Some(f16), "timings empty");
+        e.attention_measured = false;
+        assert_eq!(e.serving_pairing(), Some(f16), "not timed");
+    }
+
+    #[test]
+    fn an_entry_from_before_the_timings_were_kept_still_reads() {
+        let path = temp("older");
+        let pairing = (FlashAttn::Off, KvType::F16);
+        let mut v =
+            serde_json::to_value(Entry::new(key(4), pairing, true, &calibration(1.0))).unwrap();
+        let fields = v.as_object_mut().unwrap();
+        assert!(!fields.contains_key("attention_timings") && !fields.contains_key("served"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(
+            &path,
+            serde_json::json!({"version": 1, "entries": [v]}).to_string(),
+        )
+        .unwrap();
+        let e = find(&path, &key(4)).expect("read");
+        assert!(e.attention_timings.is_empty() && e.served.is_none());
+        assert_eq!(e.serving_pairing(), Some(pairing));
+        let _ = std::fs::remove_dir_all(path.parent().unwrap().parent().unwrap());
     }
 
     #[test]

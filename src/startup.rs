@@ -5,6 +5,7 @@
 
 use crate::config::{FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
+use crate::engine::served::DepthTiming;
 use crate::engine::{self, EngineConfig};
 use crate::ffi::{Context, ContextParams, FlashAttn, KvType, Model};
 use std::sync::Arc;
@@ -63,13 +64,15 @@ pub fn pairing_name((fa, kv): (FlashAttn, KvType)) -> String {
 /// server's, `base`, the pairings taking turns (`time_pairings`). The first
 /// candidate is the default; a later one is taken only if it is
 /// `FLASH_ATTN_GAIN_MIN` faster than the choice so far (`attention_choice`).
-/// The first candidate if the measurement fails.
+/// The first candidate if the measurement fails. Also each candidate's
+/// timings by depth (none if it failed), which the calibration cache keeps
+/// for later starts to weigh by the tokens served (`engine::served`).
 pub fn measure_attention(
     model: &Arc<Model>,
     base: &ContextParams,
     parallel: usize,
     candidates: &[(FlashAttn, KvType)],
-) -> (FlashAttn, KvType) {
+) -> ((FlashAttn, KvType), Vec<Vec<DepthTiming>>) {
     use engine::calibration::{
         attention_choice, AttentionTiming, FLASH_ATTN_CHUNK_TOKENS, FLASH_ATTN_DEEP_TOKENS,
         FLASH_ATTN_DEPTH_TOKENS,
@@ -90,7 +93,7 @@ pub fn measure_attention(
                 "sluice: attention: flash attention {} (measuring failed: {e})",
                 name(candidates[0])
             );
-            return candidates[0];
+            return (candidates[0], Vec::new());
         }
     };
     let means: Vec<AttentionTiming> = by_depth.iter().map(|t| AttentionTiming::mean(t)).collect();
@@ -108,7 +111,17 @@ pub fn measure_attention(
         at.join(" and "),
         each.join(", ")
     );
-    chosen
+    let timings = by_depth
+        .iter()
+        .map(|t| {
+            depths
+                .iter()
+                .zip(t)
+                .map(|(&d, &x)| DepthTiming::new(d, x))
+                .collect()
+        })
+        .collect();
+    (chosen, timings)
 }
 
 /// Each of `candidates`' timings, depth by depth: every pairing in a

@@ -7,6 +7,7 @@
 use crate::calibration_cache::Kept;
 use crate::config::{Config, FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
+use crate::engine::served::DepthTiming;
 use crate::engine::{self, EngineConfig};
 use crate::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
 use crate::metrics::Metrics;
@@ -26,6 +27,8 @@ pub(super) struct Started {
     pub(super) pairing: (FlashAttn, KvType),
     /// The pairing was chosen by timing the candidates (now or before).
     pub(super) measured: bool,
+    /// The candidates' timings by depth, when they were timed now.
+    pub(super) timings: Vec<Vec<DepthTiming>>,
 }
 
 type Ready = Result<Started, String>;
@@ -35,7 +38,8 @@ pub(super) struct Plan {
     engine_cfg: EngineConfig,
     flash_attn: FlashAttnSetting,
     kv_type: KvTypeSetting,
-    /// The pairing the calibration cache kept, and whether it was timed.
+    /// The pairing the calibration cache kept (or chose anew for the tokens
+    /// served, `Entry::serving_pairing`), and whether it was timed.
     cached_pairing: Option<((FlashAttn, KvType), bool)>,
     /// The rates the calibration cache kept, when they are wanted.
     pub(super) cached_calibration: Option<Calibration>,
@@ -50,7 +54,7 @@ impl Plan {
         let calibrate = cfg.rates.is_none() || cfg.calibrate_only;
         let (cached_pairing, cached_calibration) = match kept.and_then(|k| k.entry.as_ref()) {
             Some(e) => (
-                e.pairing().map(|p| (p, e.attention_measured)),
+                e.serving_pairing().map(|p| (p, e.attention_measured)),
                 e.calibration().filter(|_| calibrate),
             ),
             None => (None, None),
@@ -140,7 +144,7 @@ fn engine_main(
 ) {
     ffi::set_current_thread_name("sluice-ggml");
     let mut params = context_params(&plan.engine_cfg);
-    let (pairing, measured) = pick_pairing(&model, &params, &plan);
+    let (pairing, measured, timings) = pick_pairing(&model, &params, &plan);
     (params.flash_attn, params.kv_type) = pairing;
     let ctx = Context::new(Arc::clone(&model), &params);
     ffi::set_current_thread_name("sluice-engine");
@@ -168,6 +172,7 @@ fn engine_main(
         engine_stop: ctx.abort_handle(),
         pairing,
         measured,
+        timings,
     };
     let _ = ready.send(Ok(started));
     let engine_cfg = EngineConfig {
@@ -204,21 +209,22 @@ fn context_params(engine_cfg: &EngineConfig) -> ContextParams {
 
 /// The attention/KV type pairing: the only candidate the flags leave, or
 /// the candidates timed now (`--calibrate-only`), or the one the cache kept,
-/// or the first candidate.
+/// or the first candidate; whether it was timed, and what was timed now.
 fn pick_pairing(
     model: &Arc<Model>,
     params: &ContextParams,
     plan: &Plan,
-) -> ((FlashAttn, KvType), bool) {
+) -> ((FlashAttn, KvType), bool, Vec<Vec<DepthTiming>>) {
     let candidates = attention_candidates(plan.flash_attn, plan.kv_type);
     match (&candidates[..], plan.cached_pairing) {
-        ([only], _) => (*only, false),
-        _ if plan.measure_now => (
-            measure_attention(model, params, plan.engine_cfg.parallel, &candidates),
-            true,
-        ),
-        (_, Some(kept)) => kept,
-        _ => (candidates[0], false),
+        ([only], _) => (*only, false, Vec::new()),
+        _ if plan.measure_now => {
+            let (chosen, timings) =
+                measure_attention(model, params, plan.engine_cfg.parallel, &candidates);
+            (chosen, true, timings)
+        }
+        (_, Some((kept, measured))) => (kept, measured, Vec::new()),
+        _ => (candidates[0], false, Vec::new()),
     }
 }
 

@@ -11,6 +11,7 @@ use crate::engine;
 use crate::engine::calibration::Calibration;
 use crate::engine::cost::CostModel;
 use crate::engine::prefix::PrefixCache;
+use crate::engine::served::Served;
 use crate::ffi::{self, Model};
 use crate::grammar::Grammars;
 use crate::http::prompt::Prompter;
@@ -161,6 +162,7 @@ fn serve(cfg: Config) -> Result<(), String> {
             started.measured,
             calibration.as_ref(),
             from_cache,
+            &started.timings,
         )
     });
     if cfg.calibrate_only {
@@ -222,7 +224,13 @@ fn serve(cfg: Config) -> Result<(), String> {
     // The rates the engine refined from its steps are the next start's.
     if let (Some(kept), Some(c)) = (kept, calibration) {
         let (rates, _) = state.queue.snapshot();
-        kept.keep_refined(&c, rates.prefill_tok_s, rates.decode_tok_s);
+        let [prefill, decode] = metrics.attention_counts();
+        kept.keep_refined(
+            &c,
+            rates.prefill_tok_s,
+            rates.decode_tok_s,
+            Served::from_counts(prefill, decode),
+        );
     }
     Ok(())
 }

@@ -92,8 +92,9 @@ pub struct ServeArgs {
     )]
     pub kv_layout: KvLayout,
     /// flash attention: measure (what --calibrate-only timed faster on this
-    /// machine, kept in the calibration cache; until then on), off, on, or
-    /// auto (llama.cpp decides: on for the CPU) (default: measure)
+    /// machine, kept in the calibration cache, then what the tokens served
+    /// favour at later starts; until then on), off, on, or auto (llama.cpp
+    /// decides: on for the CPU) (default: measure)
     #[argh(
         option,
         default = "FlashAttnSetting::Measure",

@@ -23,6 +23,7 @@ pub mod logprobs;
 pub mod planner;
 pub mod prefix;
 pub mod sample;
+pub mod served;
 pub mod text;
 
 use crate::admission::{Job, Queues, Reporter, Slot, Task};
@@ -530,6 +531,8 @@ impl Engine {
         let mut entries = entries.to_vec();
         entries.sort_by_key(|e| e.slot);
         let mut embed_quota = EMBED_PASS_TOKENS_MAX;
+        // For the attention pairing's choice at the next start (`served`).
+        let mut count = served::PassCount::default();
         for entry in entries {
             let seq_id = entry.slot as i32;
             let seq = self.slots[entry.slot]
@@ -541,6 +544,7 @@ impl Engine {
                     let token = seq.next_token.expect("a decoding sequence has a token");
                     self.batch.push(token, seq.n_past as i32, seq_id, true);
                     placed.push((entry.slot, first, 1));
+                    count.decode(seq.n_past);
                 }
                 Work::Prefill { n_tokens } if seq.job.embed().is_some() => {
                     // One input at a time, each from position 0 of cells the
@@ -569,6 +573,7 @@ impl Engine {
                             .push(seq.job.prompt[pos], pos as i32, seq_id, logits);
                     }
                     placed.push((entry.slot, first, n_tokens));
+                    count.chunk(start, n_tokens);
                 }
             }
         }
@@ -604,6 +609,7 @@ impl Engine {
             }
             return None;
         }
+        self.metrics.record_attention(count.prefill, count.decode);
         Some((placed, started.elapsed()))
     }
 

@@ -180,6 +180,12 @@ pub struct Metrics {
     pub step_tokens: AtomicU64,
     /// Steps that held decode tokens and a prefill chunk together.
     pub steps_mixed: AtomicU64,
+    /// Tokens computed in generation passes, prompt chunks' and decode
+    /// tokens' (index `ATTENTION_PREFILL`, `ATTENTION_DECODE`), and the sum
+    /// over them of the cells before each in its sequence: what the next
+    /// start weighs the attention pairings' timings by (`engine::served`).
+    attention_tokens: [AtomicU64; 2],
+    attention_depth: [AtomicU64; 2],
     active_sequences: AtomicUsize,
     paused_sequences: AtomicUsize,
     kv_cells_reserved: AtomicUsize,
@@ -240,6 +246,8 @@ impl Default for Metrics {
             steps: AtomicU64::new(0),
             step_tokens: AtomicU64::new(0),
             steps_mixed: AtomicU64::new(0),
+            attention_tokens: Default::default(),
+            attention_depth: Default::default(),
             active_sequences: AtomicUsize::new(0),
             paused_sequences: AtomicUsize::new(0),
             kv_cells_reserved: AtomicUsize::new(0),
@@ -255,6 +263,10 @@ impl Default for Metrics {
         }
     }
 }
+
+/// `Metrics::attention_tokens`' kinds.
+const ATTENTION_PREFILL: usize = 0;
+const ATTENTION_DECODE: usize = 1;
 
 /// Ratios in permille, up to a thousandfold.
 const RATIO_PERMILLE_MAX: u64 = 1_000_000;
@@ -361,6 +373,26 @@ impl Metrics {
             self.steps_mixed.fetch_add(1, Ordering::Relaxed);
         }
         self.step_time.observe(d);
+    }
+
+    /// One pass's tokens, by kind: `(tokens, the sum of their depths)` of
+    /// its prompt chunks and of its decode tokens.
+    pub fn record_attention(&self, prefill: (u64, u64), decode: (u64, u64)) {
+        for (i, (n, depth)) in [(ATTENTION_PREFILL, prefill), (ATTENTION_DECODE, decode)] {
+            self.attention_tokens[i].fetch_add(n, Ordering::Relaxed);
+            self.attention_depth[i].fetch_add(depth, Ordering::Relaxed);
+        }
+    }
+
+    /// What `record_attention` counted since the start: prompt chunks' and
+    /// decode tokens' `(tokens, the sum of their depths)`.
+    pub fn attention_counts(&self) -> [(u64, u64); 2] {
+        [ATTENTION_PREFILL, ATTENTION_DECODE].map(|i| {
+            (
+                self.attention_tokens[i].load(Ordering::Relaxed),
+                self.attention_depth[i].load(Ordering::Relaxed),
+            )
+        })
     }
 
     /// How far the cost model's forecast of a step was from its measured time.

@@ -128,6 +128,30 @@ impl Metrics {
             "Prompt tokens prefilled, chunk by chunk (cancelled prompts included).",
             l(&self.prefill_tokens),
         );
+        let _ = writeln!(
+            out,
+            "# HELP sluice_attention_tokens_total Tokens computed in generation passes, by kind: prompt chunks' or decode tokens.\n\
+             # TYPE sluice_attention_tokens_total counter"
+        );
+        for (kind, i) in [("prefill", ATTENTION_PREFILL), ("decode", ATTENTION_DECODE)] {
+            let _ = writeln!(
+                out,
+                "sluice_attention_tokens_total{{kind=\"{kind}\"}} {}",
+                l(&self.attention_tokens[i])
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP sluice_attention_depth_cells_total The cells before each of those tokens in its sequence, summed (over the tokens: the mean depth attention read).\n\
+             # TYPE sluice_attention_depth_cells_total counter"
+        );
+        for (kind, i) in [("prefill", ATTENTION_PREFILL), ("decode", ATTENTION_DECODE)] {
+            let _ = writeln!(
+                out,
+                "sluice_attention_depth_cells_total{{kind=\"{kind}\"}} {}",
+                l(&self.attention_depth[i])
+            );
+        }
         counter(
             out,
             "sluice_prefill_tokens_abandoned_total",

@@ -110,6 +110,23 @@ fn flash_attention_is_measured_ahead_of_time_kept_and_used_unless_it_is_set() {
         .to_string();
     assert!(log.contains("sluice: calibrate-only: prefill "), "{log}");
     assert!(!log.contains("listening on"), "{log}");
+    // Kept with each pairing's timings at both depths, for later starts to
+    // weigh by the tokens served.
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+    let timings = kept["entries"][0]["attention_timings"]
+        .as_array()
+        .expect("timings kept");
+    assert_eq!(timings.len(), 4, "{kept}");
+    for t in timings {
+        let depths: Vec<u64> = t
+            .as_array()
+            .expect("by depth")
+            .iter()
+            .map(|d| d["depth"].as_u64().expect("depth"))
+            .collect();
+        assert_eq!(depths, [128, 1024], "{kept}");
+    }
     // A start with the same settings takes the pairing kept, without timing.
     let srv = Server::start(&["--calibration-cache", cache_arg]);
     let log = srv.log();
@@ -206,5 +223,98 @@ fn a_cached_calibration_is_used_at_the_next_start_then_corrected_online_and_kept
     assert_eq!(e["refined"], true, "{e}");
     assert!(e["prefill_tok_s"].as_f64().unwrap() > 5.0, "{e}");
     assert!(e["decode_tok_s_parallel"].as_f64().unwrap() > 5.0, "{e}");
+    let _ = std::fs::remove_dir_all(cache.parent().expect("dir"));
+}
+
+/// A cache entry as `--calibrate-only` writes it, with timings of the
+/// 2-core EPYC's shape (flash attention on ties at a chat's depth and is
+/// twice as dear deep in a context) and on/q8_0 chosen. The timing itself
+/// is tested above; here, what the tokens served make of the timings.
+fn timed_entry(cache: &std::path::Path) {
+    let text = std::fs::read_to_string(cache).expect("the cache file");
+    let mut v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let e = &mut v["entries"][0];
+    assert_eq!(
+        e["key"]["candidates"],
+        json!(["on/q8_0", "on/f16", "off/q8_0/f16", "off/f16"]),
+        "{e}"
+    );
+    let t = |depth: u64, decode_ms: f64, prefill_ms: f64| json!({"depth": depth, "decode_s_per_token": decode_ms / 1e3, "prefill_s_per_token": prefill_ms / 1e3});
+    e["attention"] = json!("on/q8_0");
+    e["attention_measured"] = json!(true);
+    e["attention_timings"] = json!([
+        [t(128, 8.1, 6.1), t(1024, 12.0, 18.0)],
+        [t(128, 8.3, 6.5), t(1024, 13.0, 20.0)],
+        [t(128, 8.5, 5.7), t(1024, 10.0, 9.0)],
+        [t(128, 9.0, 6.0), t(1024, 11.0, 9.5)],
+    ]);
+    std::fs::write(cache, v.to_string()).unwrap();
+}
+
+#[test]
+fn the_tokens_served_choose_among_the_timed_pairings_at_the_next_start() {
+    let cache = own_cache("served");
+    let cache_arg = cache.to_str().expect("path");
+    let mut srv = Server::start(&["--calibration-cache", cache_arg]);
+    srv.signal("TERM");
+    assert_eq!(srv.wait_exit(std::time::Duration::from_secs(120)), Some(0));
+    timed_entry(&cache);
+
+    // The pairing kept is used as it is: nothing served yet.
+    let mut srv = Server::start(&["--calibration-cache", cache_arg]);
+    let log = srv.log();
+    assert!(
+        log.contains(
+            "sluice: attention: flash attention/KV type on/q8_0 (measured before, from the calibration cache"
+        ),
+        "{log}"
+    );
+    // One long prompt: the tokens it computes are counted with their depth.
+    let v = srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": long_prompt(90), "max_tokens": 8, "ignore_eos": true, "temperature": 0}),
+    );
+    let n = v["usage"]["prompt_tokens"].as_f64().expect("usage");
+    assert!(n >= 1_000.0, "{v}");
+    let count = |name: &str, kind: &str| srv.metric(&format!("{name}{{kind=\"{kind}\"}}"));
+    assert_eq!(count("sluice_attention_tokens_total", "prefill"), n);
+    assert_eq!(
+        count("sluice_attention_depth_cells_total", "prefill"),
+        n * (n - 1.0) / 2.0,
+        "each prompt token as deep as the tokens before it"
+    );
+    let k = count("sluice_attention_tokens_total", "decode");
+    assert!((1.0..=8.0).contains(&k), "{k}");
+    assert_eq!(
+        count("sluice_attention_depth_cells_total", "decode"),
+        k * n + k * (k - 1.0) / 2.0,
+        "each decode token after the prompt and the tokens generated before it"
+    );
+    srv.signal("TERM");
+    assert_eq!(srv.wait_exit(std::time::Duration::from_secs(120)), Some(0));
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+    let served = &kept["entries"][0]["served"];
+    assert_eq!(served["prefill_tokens"].as_f64(), Some(n), "{served}");
+    assert_eq!(served["decode_tokens"].as_f64(), Some(k), "{served}");
+
+    // The next start weighs the timings by what was served: deep prompts,
+    // where off with K in q8_0 costs half as much.
+    let srv = Server::start(&["--calibration-cache", cache_arg]);
+    let log = srv.log();
+    assert!(
+        log.contains(
+            "sluice: attention: flash attention/KV type off/q8_0/f16, not on/q8_0 (measured before; chosen anew for the tokens served since"
+        ),
+        "{log}"
+    );
+    srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0}),
+    );
+    drop(srv);
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cache).unwrap()).unwrap();
+    assert_eq!(kept["entries"][0]["attention"], "off/q8_0/f16");
     let _ = std::fs::remove_dir_all(cache.parent().expect("dir"));
 }

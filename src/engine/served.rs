@@ -1,0 +1,305 @@
+//! What the engine served, by depth, and the attention pairing that serves
+//! it cheapest.
+//!
+//! `--calibrate-only` times each flash attention/KV type pairing at a short
+//! chat's depth and at a long one's, and chooses with the two counting alike:
+//! it cannot know what this server will be asked. The engine counts what it
+//! computes: prompt tokens and decode tokens, and for each how deep in its
+//! sequence it is (the cells its attention reads). A stop keeps these counts
+//! beside the timings (`calibration_cache`), and the next start weighs the
+//! timings by them. A pairing's cost per token grows linearly with depth
+//! (attention reads every cell before the token), so its cost for the tokens
+//! served is the line through its timings read at the mean depth of each
+//! kind, times the tokens of that kind. The pairing in use stays unless
+//! another costs `FLASH_ATTN_GAIN_MIN` less: a change costs a restart's
+//! worth of prefix cache and rates measured under the other pairing.
+//!
+//! Pure: the engine counts (`Metrics::served`), start-up decides.
+
+use super::calibration::{AttentionTiming, FLASH_ATTN_GAIN_MIN};
+use serde::{Deserialize, Serialize};
+
+/// Tokens served before they weigh the timings: a few requests' worth, so
+/// that a start that served a health check and stopped does not choose.
+pub const SERVED_TOKENS_MIN: f64 = 1_000.0;
+/// Tokens of history kept: beyond it the older counts shrink, so that the
+/// choice follows about the last million tokens served.
+pub const SERVED_TOKENS_KEPT: f64 = 1_000_000.0;
+/// The line through a pairing's timings is read at most this many times as
+/// deep as its deepest timing.
+const EXTRAPOLATION_MAX: f64 = 8.0;
+
+/// Tokens computed in generation passes, and their mean depth.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Served {
+    pub prefill_tokens: f64,
+    pub prefill_depth_mean: f64,
+    pub decode_tokens: f64,
+    pub decode_depth_mean: f64,
+}
+
+impl Served {
+    /// From counts: tokens, and the sum over them of the cells before each.
+    pub fn from_counts(prefill: (u64, u64), decode: (u64, u64)) -> Served {
+        let mean = |(n, sum): (u64, u64)| if n == 0 { 0.0 } else { sum as f64 / n as f64 };
+        Served {
+            prefill_tokens: prefill.0 as f64,
+            prefill_depth_mean: mean(prefill),
+            decode_tokens: decode.0 as f64,
+            decode_depth_mean: mean(decode),
+        }
+    }
+
+    pub fn tokens(&self) -> f64 {
+        self.prefill_tokens + self.decode_tokens
+    }
+
+    /// Finite, not negative (a hand-edited cache file may hold anything).
+    pub fn is_usable(&self) -> bool {
+        [
+            self.prefill_tokens,
+            self.prefill_depth_mean,
+            self.decode_tokens,
+            self.decode_depth_mean,
+        ]
+        .iter()
+        .all(|v| v.is_finite() && *v >= 0.0)
+    }
+
+    /// These counts followed by `newer`'s, scaled down to
+    /// `SERVED_TOKENS_KEPT` tokens when they are more.
+    pub fn then(self, newer: Served) -> Served {
+        let mean = |(n, d): (f64, f64), (m, e): (f64, f64)| {
+            if n + m > 0.0 {
+                (n * d + m * e) / (n + m)
+            } else {
+                0.0
+            }
+        };
+        let mut s = Served {
+            prefill_tokens: self.prefill_tokens + newer.prefill_tokens,
+            prefill_depth_mean: mean(
+                (self.prefill_tokens, self.prefill_depth_mean),
+                (newer.prefill_tokens, newer.prefill_depth_mean),
+            ),
+            decode_tokens: self.decode_tokens + newer.decode_tokens,
+            decode_depth_mean: mean(
+                (self.decode_tokens, self.decode_depth_mean),
+                (newer.decode_tokens, newer.decode_depth_mean),
+            ),
+        };
+        let total = s.tokens();
+        if total > SERVED_TOKENS_KEPT {
+            let k = SERVED_TOKENS_KEPT / total;
+            s.prefill_tokens *= k;
+            s.decode_tokens *= k;
+        }
+        s
+    }
+}
+
+/// One pass's tokens, by kind: how many, and the sum of their depths (the
+/// cells before each in its sequence).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassCount {
+    pub prefill: (u64, u64),
+    pub decode: (u64, u64),
+}
+
+impl PassCount {
+    /// A decode token at position `depth`.
+    pub fn decode(&mut self, depth: usize) {
+        self.decode = (self.decode.0 + 1, self.decode.1 + depth as u64);
+    }
+
+    /// A prompt chunk of `n` tokens from position `start`.
+    pub fn chunk(&mut self, start: usize, n: usize) {
+        let (start, n) = (start as u64, n as u64);
+        let depths = n * start + n * n.saturating_sub(1) / 2;
+        self.prefill = (self.prefill.0 + n, self.prefill.1 + depths);
+    }
+}
+
+/// A pairing's per-token timing at one depth, as `--calibrate-only` measured
+/// it (`calibration::time_attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct DepthTiming {
+    pub depth: usize,
+    pub decode_s_per_token: f64,
+    pub prefill_s_per_token: f64,
+}
+
+impl DepthTiming {
+    pub fn new(depth: usize, t: AttentionTiming) -> DepthTiming {
+        DepthTiming {
+            depth,
+            decode_s_per_token: t.decode_s_per_token,
+            prefill_s_per_token: t.prefill_s_per_token,
+        }
+    }
+
+    fn is_usable(&self) -> bool {
+        let ok = |v: f64| v.is_finite() && v > 0.0;
+        ok(self.decode_s_per_token) && ok(self.prefill_s_per_token)
+    }
+}
+
+/// A pairing's per-token timing `depth` tokens deep: on the line through its
+/// shallowest and deepest timings, read no shallower than the first and at
+/// most `EXTRAPOLATION_MAX` times as deep as the last, and never below the
+/// cheaper of the two (a line that falls with depth is noise).
+pub fn at_depth(timings: &[DepthTiming], depth: f64) -> AttentionTiming {
+    let (Some(first), Some(last)) = (timings.first(), timings.last()) else {
+        return AttentionTiming {
+            decode_s_per_token: f64::INFINITY,
+            prefill_s_per_token: f64::INFINITY,
+        };
+    };
+    let (d0, d1) = (first.depth as f64, last.depth as f64);
+    let d = depth.clamp(d0, d1.max(d0) * EXTRAPOLATION_MAX);
+    let line = |y0: f64, y1: f64| {
+        let y = if d1 > d0 {
+            y0 + (y1 - y0) * (d - d0) / (d1 - d0)
+        } else {
+            y0
+        };
+        y.max(y0.min(y1))
+    };
+    AttentionTiming {
+        decode_s_per_token: line(first.decode_s_per_token, last.decode_s_per_token),
+        prefill_s_per_token: line(first.prefill_s_per_token, last.prefill_s_per_token),
+    }
+}
+
+/// Seconds a pairing with `timings` would have spent on the tokens `served`.
+pub fn served_cost_s(timings: &[DepthTiming], served: &Served) -> f64 {
+    let prefill = at_depth(timings, served.prefill_depth_mean).prefill_s_per_token;
+    let decode = at_depth(timings, served.decode_depth_mean).decode_s_per_token;
+    served.prefill_tokens * prefill + served.decode_tokens * decode
+}
+
+/// Which pairing serves `served` cheapest, given each one's `timings` (in
+/// candidate order): `kept`, unless another costs `FLASH_ATTN_GAIN_MIN`
+/// less. `kept` too when too few tokens were served, or a pairing's timings
+/// are missing or unusable.
+pub fn choice_for(timings: &[Vec<DepthTiming>], served: &Served, kept: usize) -> usize {
+    let usable = kept < timings.len()
+        && served.is_usable()
+        && served.tokens() >= SERVED_TOKENS_MIN
+        && timings
+            .iter()
+            .all(|t| !t.is_empty() && t.iter().all(DepthTiming::is_usable));
+    if !usable {
+        return kept;
+    }
+    let costs: Vec<f64> = timings.iter().map(|t| served_cost_s(t, served)).collect();
+    let best = (0..costs.len())
+        .min_by(|&a, &b| costs[a].total_cmp(&costs[b]))
+        .unwrap_or(kept);
+    if costs[best] < costs[kept] * (1.0 - FLASH_ATTN_GAIN_MIN) {
+        best
+    } else {
+        kept
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(depth: usize, decode_ms: f64, prefill_ms: f64) -> DepthTiming {
+        DepthTiming {
+            depth,
+            decode_s_per_token: decode_ms / 1e3,
+            prefill_s_per_token: prefill_ms / 1e3,
+        }
+    }
+
+    /// The 2-core EPYC's shape: flash attention on ties at a short chat's
+    /// depth and is twice as dear deep in a context.
+    fn epyc() -> Vec<Vec<DepthTiming>> {
+        vec![
+            vec![t(128, 8.1, 6.1), t(1024, 12.0, 18.0)],
+            vec![t(128, 8.5, 5.7), t(1024, 10.0, 9.0)],
+        ]
+    }
+
+    fn served(prefill: f64, prefill_depth: f64, decode: f64, decode_depth: f64) -> Served {
+        Served {
+            prefill_tokens: prefill,
+            prefill_depth_mean: prefill_depth,
+            decode_tokens: decode,
+            decode_depth_mean: decode_depth,
+        }
+    }
+
+    #[test]
+    fn the_timings_are_read_on_their_line_within_bounds() {
+        let line = [t(128, 10.0, 4.0), t(1024, 20.0, 12.0)];
+        let at = |d: f64| at_depth(&line, d);
+        assert!((at(576.0).decode_s_per_token - 0.015).abs() < 1e-12);
+        assert!((at(576.0).prefill_s_per_token - 0.008).abs() < 1e-12);
+        assert_eq!(at(0.0), at(128.0), "no shallower than the first timing");
+        assert!((at(1920.0).prefill_s_per_token - 0.020).abs() < 1e-12);
+        assert_eq!(at(1e9), at(8.0 * 1024.0), "extrapolated at most 8x deeper");
+        let falling = [t(128, 10.0, 4.0), t(1024, 9.0, 3.0)];
+        assert!((at_depth(&falling, 5000.0).decode_s_per_token - 0.009).abs() < 1e-12);
+        let one = [t(128, 10.0, 4.0)];
+        assert_eq!(at_depth(&one, 4000.0), at_depth(&one, 128.0));
+        assert!(at_depth(&[], 100.0).prefill_s_per_token.is_infinite());
+    }
+
+    #[test]
+    fn the_tokens_served_choose_the_pairing_that_costs_them_least() {
+        // Chats a few hundred tokens deep: a tie, the kept pairing stays,
+        // whichever it is.
+        let chats = served(50_000.0, 150.0, 40_000.0, 250.0);
+        assert_eq!(choice_for(&epyc(), &chats, 0), 0);
+        assert_eq!(choice_for(&epyc(), &chats, 1), 1);
+        // Documents thousands of tokens deep: off, by far.
+        let documents = served(200_000.0, 3_000.0, 10_000.0, 6_000.0);
+        assert_eq!(choice_for(&epyc(), &documents, 0), 1);
+        assert_eq!(choice_for(&epyc(), &documents, 1), 1);
+        // Too little served: the kept pairing, whatever it was.
+        let few = served(900.0, 3_000.0, 50.0, 6_000.0);
+        assert_eq!(choice_for(&epyc(), &few, 0), 0);
+        // Missing or broken timings, a broken count: the kept pairing.
+        assert_eq!(choice_for(&epyc()[..1], &documents, 0), 0);
+        let mut broken = epyc();
+        broken[1][0].prefill_s_per_token = f64::NAN;
+        assert_eq!(choice_for(&broken, &documents, 0), 0);
+        assert_eq!(choice_for(&epyc(), &served(-1.0, 0.0, 5e3, 0.0), 0), 0);
+        assert_eq!(choice_for(&epyc(), &documents, 2), 2);
+    }
+
+    #[test]
+    fn a_pass_counts_each_token_at_its_own_depth() {
+        let mut c = PassCount::default();
+        c.chunk(5, 3);
+        c.chunk(0, 1);
+        c.chunk(9, 0);
+        c.decode(40);
+        c.decode(0);
+        assert_eq!(c.prefill, (4, 5 + 6 + 7));
+        assert_eq!(c.decode, (2, 40));
+    }
+
+    #[test]
+    fn counts_add_up_and_the_oldest_fade_beyond_what_is_kept() {
+        let s = Served::from_counts((100, 100 * 99 / 2), (10, 10 * 105));
+        assert_eq!(s, served(100.0, 49.5, 10.0, 105.0));
+        assert_eq!(Served::from_counts((0, 0), (0, 0)), Served::default());
+        let both = s.then(served(300.0, 449.5, 0.0, 0.0));
+        assert_eq!(both, served(400.0, 349.5, 10.0, 105.0));
+        assert_eq!(Served::default().then(s), s);
+        let old = served(1_000_000.0, 100.0, 0.0, 0.0);
+        let kept = old.then(served(1_000_000.0, 3_000.0, 0.0, 0.0));
+        assert_eq!(kept.tokens(), SERVED_TOKENS_KEPT);
+        assert!((kept.prefill_depth_mean - 1_550.0).abs() < 1e-9);
+        let next = kept.then(served(1_000_000.0, 3_000.0, 0.0, 0.0));
+        assert!(
+            (next.prefill_depth_mean - 2_275.0).abs() < 1e-9,
+            "the old half fades"
+        );
+    }
+}
