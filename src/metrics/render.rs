@@ -128,29 +128,22 @@ impl Metrics {
             "Prompt tokens prefilled, chunk by chunk (cancelled prompts included).",
             l(&self.prefill_tokens),
         );
-        let _ = writeln!(
-            out,
-            "# HELP sluice_attention_tokens_total Tokens computed in generation passes, by kind: prompt chunks' or decode tokens.\n\
-             # TYPE sluice_attention_tokens_total counter"
-        );
-        for (kind, i) in [("prefill", ATTENTION_PREFILL), ("decode", ATTENTION_DECODE)] {
-            let _ = writeln!(
-                out,
-                "sluice_attention_tokens_total{{kind=\"{kind}\"}} {}",
-                l(&self.attention_tokens[i])
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP sluice_attention_depth_cells_total The cells before each of those tokens in its sequence, summed (over the tokens: the mean depth attention read).\n\
-             # TYPE sluice_attention_depth_cells_total counter"
-        );
-        for (kind, i) in [("prefill", ATTENTION_PREFILL), ("decode", ATTENTION_DECODE)] {
-            let _ = writeln!(
-                out,
-                "sluice_attention_depth_cells_total{{kind=\"{kind}\"}} {}",
-                l(&self.attention_depth[i])
-            );
+        for (name, help, values) in [
+            (
+                "sluice_attention_tokens_total",
+                "Tokens computed in generation passes, by kind: prompt chunks' or decode tokens.",
+                &self.attention_tokens,
+            ),
+            (
+                "sluice_attention_depth_cells_total",
+                "The cells before each of those tokens in its sequence, summed (over the tokens: the mean depth attention read).",
+                &self.attention_depth,
+            ),
+        ] {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (kind, i) in [("prefill", ATTENTION_PREFILL), ("decode", ATTENTION_DECODE)] {
+                let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {}", l(&values[i]));
+            }
         }
         counter(
             out,
