@@ -555,8 +555,10 @@ mod tests {
     fn the_tokens_served_choose_among_the_timed_pairings() {
         let t = |depth: usize, decode_ms: f64, prefill_ms: f64| DepthTiming {
             depth,
-            decode_s_per_token: decode_ms / 1e3,
-            prefill_s_per_token: prefill_ms / 1e3,
+            timing: crate::engine::calibration::AttentionTiming {
+                decode_s_per_token: decode_ms / 1e3,
+                prefill_s_per_token: prefill_ms / 1e3,
+            },
         };
         // key(4)'s candidates: off/q8_0/f16, then off/f16, the one kept;
         // K in q8_0 is half as dear deep in a context, a tie at a chat's.

@@ -117,7 +117,7 @@ pub fn measure_attention(
             depths
                 .iter()
                 .zip(t)
-                .map(|(&d, &x)| DepthTiming::new(d, x))
+                .map(|(&depth, &timing)| DepthTiming { depth, timing })
                 .collect()
         })
         .collect();

@@ -157,7 +157,7 @@ pub const FLASH_ATTN_GAIN_MIN: f64 = 0.05;
 /// What a serving step's two passes cost at one depth, per token: a decode
 /// token of a step that decodes every sequence, and a prompt token of a
 /// chunk.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AttentionTiming {
     pub decode_s_per_token: f64,
     pub prefill_s_per_token: f64,

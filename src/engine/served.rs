@@ -14,7 +14,8 @@
 //! another costs `FLASH_ATTN_GAIN_MIN` less: a change costs a restart's
 //! worth of prefix cache and rates measured under the other pairing.
 //!
-//! Pure: the engine counts (`Metrics::served`), start-up decides.
+//! Pure: the engine counts (`PassCount`, into `Metrics::record_attention`),
+//! start-up decides.
 
 use super::calibration::{AttentionTiming, FLASH_ATTN_GAIN_MIN};
 use serde::{Deserialize, Serialize};
@@ -125,22 +126,14 @@ impl PassCount {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct DepthTiming {
     pub depth: usize,
-    pub decode_s_per_token: f64,
-    pub prefill_s_per_token: f64,
+    #[serde(flatten)]
+    pub timing: AttentionTiming,
 }
 
 impl DepthTiming {
-    pub fn new(depth: usize, t: AttentionTiming) -> DepthTiming {
-        DepthTiming {
-            depth,
-            decode_s_per_token: t.decode_s_per_token,
-            prefill_s_per_token: t.prefill_s_per_token,
-        }
-    }
-
     fn is_usable(&self) -> bool {
         let ok = |v: f64| v.is_finite() && v > 0.0;
-        ok(self.decode_s_per_token) && ok(self.prefill_s_per_token)
+        ok(self.timing.decode_s_per_token) && ok(self.timing.prefill_s_per_token)
     }
 }
 
@@ -156,6 +149,7 @@ pub fn at_depth(timings: &[DepthTiming], depth: f64) -> AttentionTiming {
         };
     };
     let (d0, d1) = (first.depth as f64, last.depth as f64);
+    let (first, last) = (first.timing, last.timing);
     let d = depth.clamp(d0, d1.max(d0) * EXTRAPOLATION_MAX);
     let line = |y0: f64, y1: f64| {
         let y = if d1 > d0 {
@@ -210,8 +204,10 @@ mod tests {
     fn t(depth: usize, decode_ms: f64, prefill_ms: f64) -> DepthTiming {
         DepthTiming {
             depth,
-            decode_s_per_token: decode_ms / 1e3,
-            prefill_s_per_token: prefill_ms / 1e3,
+            timing: AttentionTiming {
+                decode_s_per_token: decode_ms / 1e3,
+                prefill_s_per_token: prefill_ms / 1e3,
+            },
         }
     }
 
@@ -266,7 +262,7 @@ mod tests {
         // Missing or broken timings, a broken count: the kept pairing.
         assert_eq!(choice_for(&epyc()[..1], &documents, 0), 0);
         let mut broken = epyc();
-        broken[1][0].prefill_s_per_token = f64::NAN;
+        broken[1][0].timing.prefill_s_per_token = f64::NAN;
         assert_eq!(choice_for(&broken, &documents, 0), 0);
         assert_eq!(choice_for(&epyc(), &served(-1.0, 0.0, 5e3, 0.0), 0), 0);
         assert_eq!(choice_for(&epyc(), &documents, 2), 2);
