@@ -78,6 +78,7 @@ fn engine_config(cfg: &Config, n_ctx: usize) -> EngineConfig {
         n_batch: cfg.n_batch(),
         step_tokens: cfg.step_tokens,
         itl_target: cfg.itl_target,
+        itl_max: cfg.itl_max,
         queue_wait: Class::ALL.map(|c| cfg.queue_wait(c)),
         stall_timeout: cfg.stall_timeout,
         cpus: cfg.cpus.clone(),

@@ -150,9 +150,10 @@ pub(super) fn threads(cfg: &Config, front: &super::FrontSize) {
     let step = match cfg.step_tokens {
         Some(n) => format!("step budget {n} tokens (--step-tokens)"),
         None => format!(
-            "step budget derived from a {} ms inter-token target (up to {} tokens)",
+            "step budget derived from a {} ms inter-token target (up to {} tokens; a short prompt whole while the streams are ahead of that pace, pausing them up to {} ms)",
             cfg.itl_target.as_millis(),
-            cfg.n_batch()
+            cfg.n_batch(),
+            cfg.itl_max.as_millis()
         ),
     };
     crate::say!(

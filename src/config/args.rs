@@ -105,6 +105,13 @@ pub struct ServeArgs {
     /// as many prefill tokens as keep it within this (default: 150)
     #[argh(option, default = "150")]
     pub itl_target_ms: u64,
+    /// longest pause a running stream may see so that a short prompt is
+    /// prefilled whole in one step (its first token at once, not after many
+    /// chunks), taken only while every stream keeps its k-th token within k
+    /// --itl-target-ms and one such pause of its first; 0 chunks every prompt
+    /// under the target (default: 1000)
+    #[argh(option, default = "1000")]
+    pub itl_max_ms: u64,
     /// a fixed number of tokens per engine step (decode tokens first, then
     /// prefill chunks), instead of the budget derived from --itl-target-ms
     #[argh(option)]

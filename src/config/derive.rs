@@ -79,6 +79,7 @@ pub(super) fn check_engine_ranges(a: &ServeArgs) -> Result<(), String> {
             .map_err(|e| format!("{e} (every running sequence needs a token in each step, so it must be at least --parallel)"))?;
     }
     check_range("--itl-target-ms", a.itl_target_ms, 1, ITL_TARGET_MS_MAX)?;
+    check_range("--itl-max-ms", a.itl_max_ms, 0, ITL_TARGET_MS_MAX)?;
     if let Some(ctx) = a.ctx {
         check_range("--ctx", ctx, CTX_TOKENS_MIN, CTX_TOKENS_MAX)?;
     }

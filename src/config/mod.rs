@@ -200,6 +200,9 @@ pub struct Config {
     /// `--step-tokens`: a fixed step budget; `None` derives it from the ITL target.
     pub step_tokens: Option<usize>,
     pub itl_target: Duration,
+    /// `--itl-max-ms`: the longest pause a whole short prompt may cost the
+    /// streams (zero: prompts are always chunked under the target).
+    pub itl_max: Duration,
     pub queue_wait: Duration,
     pub batch_queue_wait: Duration,
     /// Slots batch requests may not hold (< parallel).
@@ -310,6 +313,7 @@ impl Config {
             flash_attn,
             step_tokens: a.step_tokens,
             itl_target: Duration::from_millis(a.itl_target_ms),
+            itl_max: Duration::from_millis(a.itl_max_ms),
             queue_wait: Duration::from_millis(queue_wait_ms),
             batch_queue_wait: Duration::from_millis(a.batch_queue_wait_ms),
             interactive_slots,

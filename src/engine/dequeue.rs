@@ -390,6 +390,7 @@ impl Engine {
             reused: reuse,
             next_token: None,
             last_token_at: None,
+            first_token_at: None,
             prefill_s_per_token: None,
             completion_tokens: 0,
             prompt_logprobs: Vec::new(),

@@ -68,6 +68,10 @@ pub struct EngineConfig {
     /// from the cost model and `itl_target`.
     pub step_tokens: Option<usize>,
     pub itl_target: Duration,
+    /// The longest pause a step may cost the streams to prefill a short
+    /// prompt whole, while each keeps its k-th token within k `itl_target`s
+    /// and one such pause of its first (zero: never).
+    pub itl_max: Duration,
     /// W_max per class: a request that waited past its class's sojourn target
     /// starts only if its first token can still come within this.
     pub queue_wait: [Duration; Class::COUNT],
@@ -131,6 +135,8 @@ struct Seq {
     next_token: Option<Token>,
     /// When the last token was sampled.
     last_token_at: Option<Instant>,
+    /// When the first was: the stream's pace counts from here.
+    first_token_at: Option<Instant>,
     /// Measured seconds per token of this prompt's latest prefill chunks.
     prefill_s_per_token: Option<f64>,
     completion_tokens: usize,
@@ -149,12 +155,28 @@ struct Seq {
 }
 
 impl Seq {
-    /// The cost model's view of this sequence's next `tokens` prompt tokens.
     /// Generating: a stream waits for this sequence's next token.
     fn is_decoding(&self) -> bool {
         !self.done && self.job.prompt.len() <= self.n_past
     }
 
+    /// Seconds until its next token is due at one token per `pace` from its
+    /// first (`planner::pace_slack_s`); none before its first token.
+    fn pace_slack_s(&self, now: Instant, pace: Duration) -> Option<f64> {
+        let first = self.first_token_at?;
+        Some(planner::pace_slack_s(
+            now.saturating_duration_since(first).as_secs_f64(),
+            self.completion_tokens,
+            pace.as_secs_f64(),
+        ))
+    }
+
+    /// A chunk of its prompt was prefilled (and measured) already.
+    fn prefill_begun(&self) -> bool {
+        self.prefill_s_per_token.is_some()
+    }
+
+    /// The cost model's view of this sequence's next `tokens` prompt tokens.
     fn chunk(&self, tokens: usize) -> Chunk {
         Chunk {
             tokens,
@@ -254,11 +276,17 @@ pub fn run(
         };
         engine.share_prompts(&mut ctx);
         let views = engine.views();
-        let budget = engine.step_budget(&views);
+        let (budget, whole) = engine.step_budget(&views);
         engine
             .metrics
             .step_budget_tokens
             .store(budget, Ordering::Relaxed);
+        if whole {
+            engine
+                .metrics
+                .steps_whole_prompt
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let plan = planner::plan_step(&views, budget);
         if plan.is_empty() {
             let active =
@@ -346,8 +374,55 @@ impl Engine {
     }
 
     /// Tokens the next step may hold: fixed by `--step-tokens`, or the decode
-    /// tokens plus the prefill the ITL target leaves room for.
-    fn step_budget(&self, views: &[SeqView]) -> usize {
+    /// tokens plus the prefill the ITL target leaves room for, or a short
+    /// prompt whole (`whole_prompt_budget`; then also true).
+    fn step_budget(&self, views: &[SeqView]) -> (usize, bool) {
+        let budget = self.target_budget(views);
+        let whole = self.whole_prompt_budget(views, budget);
+        (whole, whole != budget)
+    }
+
+    /// `planner::budget_with_whole_prompt` for this engine: a step may pause
+    /// the streams for up to `--itl-max-ms` to take a prompt not yet begun
+    /// whole, only while every stream keeps its k-th token within k ITL
+    /// targets and one such pause of its first. (The prompt's first token
+    /// comes at once instead of after as many steps as its chunks, each also
+    /// carrying every stream's decode token; a stream absorbs one pause, then
+    /// earns the next by running ahead of the target.) The forecast is held
+    /// to the share of the allowance a step aims at, as under the target.
+    fn whole_prompt_budget(&self, views: &[SeqView], budget: usize) -> usize {
+        if self.cfg.step_tokens.is_some() || self.cfg.itl_max.is_zero() {
+            return budget;
+        }
+        let now = Instant::now();
+        let itl_max = self.cfg.itl_max.as_secs_f64();
+        let slack_min = views
+            .iter()
+            .filter(|v| v.phase == Phase::Decode)
+            .map(|v| {
+                self.slots[v.slot]
+                    .as_ref()
+                    .and_then(|s| s.pace_slack_s(now, self.cfg.itl_target))
+                    .map_or(0.0, |slack| slack + itl_max)
+            })
+            .fold(f64::INFINITY, f64::min);
+        let allowed = cost::STEP_AIM_SHARE * itl_max.min(slack_min);
+        let n_decode = views.iter().filter(|v| v.phase == Phase::Decode).count();
+        planner::budget_with_whole_prompt(
+            views,
+            budget,
+            self.cfg.n_batch,
+            |slot, tokens| {
+                let seq = self.slots[slot].as_ref()?;
+                (!seq.prefill_begun()).then(|| self.cost.predict(n_decode, &[seq.chunk(tokens)]))
+            },
+            allowed,
+        )
+    }
+
+    /// The decode tokens plus the prefill the ITL target leaves room for, or
+    /// `--step-tokens`.
+    fn target_budget(&self, views: &[SeqView]) -> usize {
         let n_decode = views.iter().filter(|v| v.phase == Phase::Decode).count();
         // Priced at the dearest prompt being prefilled: the planner may give it
         // the whole budget.

@@ -106,17 +106,7 @@ pub fn plan_step(seqs: &[SeqView], step_tokens_max: usize) -> Plan {
         .collect();
     let mut budget = step_tokens_max - entries.len();
 
-    let mut prefills: Vec<(Class, usize, u64, usize)> = seqs
-        .iter()
-        .filter_map(|s| match s.phase {
-            Phase::Prefill { remaining_tokens } if remaining_tokens > 0 => {
-                Some((s.class, remaining_tokens, s.admitted, s.slot))
-            }
-            _ => None,
-        })
-        .collect();
-    prefills.sort_unstable();
-    for (_, remaining, _, slot) in prefills {
+    for (_, remaining, _, slot) in prefill_order(seqs) {
         if budget == 0 {
             break;
         }
@@ -131,6 +121,66 @@ pub fn plan_step(seqs: &[SeqView], step_tokens_max: usize) -> Plan {
     let plan = Plan { entries };
     debug_assert!(plan.n_tokens() <= step_tokens_max);
     plan
+}
+
+/// The prompts being prefilled, in the order the budget goes to them: the
+/// higher class first, then the shortest remaining, then the oldest; as
+/// (class, remaining tokens, admitted, slot).
+fn prefill_order(seqs: &[SeqView]) -> Vec<(Class, usize, u64, usize)> {
+    let mut prefills: Vec<(Class, usize, u64, usize)> = seqs
+        .iter()
+        .filter_map(|s| match s.phase {
+            Phase::Prefill { remaining_tokens } if remaining_tokens > 0 => {
+                Some((s.class, remaining_tokens, s.admitted, s.slot))
+            }
+            _ => None,
+        })
+        .collect();
+    prefills.sort_unstable();
+    prefills
+}
+
+/// Seconds until a stream's next token is due when it keeps a pace of one
+/// token per `pace_s` from its first: `tokens` sampled so far, the first of
+/// them `since_first_s` ago. Negative when it is behind that pace.
+pub fn pace_slack_s(since_first_s: f64, tokens: usize, pace_s: f64) -> f64 {
+    tokens as f64 * pace_s - since_first_s
+}
+
+/// The step budget raised so that the prompt first in the planner's order is
+/// prefilled whole, or `budget` unchanged.
+///
+/// Chunking a short prompt under the ITL target spreads it over several
+/// steps, each also carrying every stream's decode token: its first token
+/// comes later, for streams that may be far ahead of any reader. So when
+/// streams are decoding and the first prompt does not fit `budget`, it is
+/// taken whole if `whole_step_s(slot, tokens)` (the forecast of a step with
+/// the decode tokens and all of it; `None` for a prompt already begun: a long
+/// prompt's last chunks never stall the streams) is at most `allowed_s` (what
+/// the streams' pace and the longest pause allow) and the step fits
+/// `ceiling` (llama.cpp's `n_batch`).
+pub fn budget_with_whole_prompt(
+    seqs: &[SeqView],
+    budget: usize,
+    ceiling: usize,
+    whole_step_s: impl Fn(usize, usize) -> Option<f64>,
+    allowed_s: f64,
+) -> usize {
+    let n_decode = seqs.iter().filter(|s| s.phase == Phase::Decode).count();
+    if n_decode == 0 {
+        return budget;
+    }
+    let Some(&(_, remaining, _, slot)) = prefill_order(seqs).first() else {
+        return budget;
+    };
+    let whole = n_decode + remaining;
+    if whole <= budget || whole > ceiling {
+        return budget;
+    }
+    match whole_step_s(slot, remaining) {
+        Some(s) if s <= allowed_s => whole,
+        _ => budget,
+    }
 }
 
 #[cfg(test)]
@@ -331,5 +381,102 @@ mod tests {
     fn more_sequences_than_budget_is_a_programming_error() {
         let seqs = [seq(0, 0, Phase::Decode), seq(1, 1, Phase::Decode)];
         plan_step(&seqs, 1);
+    }
+
+    /// A step forecast of 10 ms a token, and every prompt not begun.
+    fn ten_ms(_slot: usize, tokens: usize) -> Option<f64> {
+        Some(tokens as f64 * 0.010)
+    }
+
+    #[test]
+    fn a_short_prompt_beside_streams_ahead_of_their_pace_is_taken_whole() {
+        let seqs = [
+            seq(0, 0, Phase::Decode),
+            seq(1, 1, Phase::Decode),
+            seq(2, 2, prefill(90)),
+        ];
+        // 90 tokens at 10 ms: 0.9 s, allowed.
+        let budget = budget_with_whole_prompt(&seqs, 20, 512, ten_ms, 1.0);
+        assert_eq!(budget, 92);
+        // The planner then gives it all of them, beside both decode tokens.
+        let plan = plan_step(&seqs, budget);
+        assert_eq!(plan.n_decode(), 2);
+        assert!(plan.entries.contains(&Entry {
+            slot: 2,
+            work: Work::Prefill { n_tokens: 90 }
+        }));
+    }
+
+    #[test]
+    fn the_prompt_taken_whole_is_the_one_the_planner_serves_first() {
+        // The shorter of two interactive prompts, not the older; an
+        // interactive one before a shorter batch one.
+        let mut batch = seq(4, 0, prefill(5));
+        batch.class = Class::Batch;
+        let seqs = [
+            seq(0, 0, Phase::Decode),
+            seq(1, 1, prefill(80)),
+            seq(2, 2, prefill(60)),
+            batch,
+        ];
+        let budget = budget_with_whole_prompt(&seqs, 10, 512, ten_ms, 1.0);
+        assert_eq!(budget, 61);
+        let plan = plan_step(&seqs, budget);
+        assert_eq!(
+            plan.entries,
+            vec![
+                Entry {
+                    slot: 0,
+                    work: Work::Decode
+                },
+                Entry {
+                    slot: 2,
+                    work: Work::Prefill { n_tokens: 60 }
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_prompt_is_chunked_when_the_pause_is_not_allowed() {
+        let seqs = [seq(0, 0, Phase::Decode), seq(1, 1, prefill(90))];
+        // A stream behind its pace (or a longest pause) allowing 0.5 s.
+        assert_eq!(budget_with_whole_prompt(&seqs, 20, 512, ten_ms, 0.5), 20);
+        assert_eq!(budget_with_whole_prompt(&seqs, 20, 512, ten_ms, -3.0), 20);
+        // A prompt already begun is never finished in one long step.
+        assert_eq!(
+            budget_with_whole_prompt(&seqs, 20, 512, |_, _| None, 100.0),
+            20
+        );
+        // Nor one that would not fit llama.cpp's batch.
+        assert_eq!(budget_with_whole_prompt(&seqs, 20, 64, ten_ms, 100.0), 20);
+    }
+
+    #[test]
+    fn without_streams_or_when_it_fits_the_budget_is_unchanged() {
+        // Nothing decodes: the budget is already the ceiling's.
+        let alone = [seq(0, 0, prefill(900)), seq(1, 1, Phase::Paused)];
+        assert_eq!(
+            budget_with_whole_prompt(&alone, 512, 512, ten_ms, 100.0),
+            512
+        );
+        // The prompt fits the budget as it is.
+        let seqs = [seq(0, 0, Phase::Decode), seq(1, 1, prefill(10))];
+        assert_eq!(budget_with_whole_prompt(&seqs, 20, 512, ten_ms, 100.0), 20);
+        // No prompt at all.
+        let decoding = [seq(0, 0, Phase::Decode)];
+        assert_eq!(
+            budget_with_whole_prompt(&decoding, 20, 512, ten_ms, 100.0),
+            20
+        );
+    }
+
+    #[test]
+    fn pace_slack_is_the_time_until_the_next_token_is_due() {
+        // First token 0.3 s ago, 3 tokens at a 150 ms pace: the 4th is due
+        // 0.45 s after the first, 0.15 s from now.
+        assert!((pace_slack_s(0.3, 3, 0.150) - 0.15).abs() < 1e-9);
+        // Behind: 10 tokens in 2 s at 150 ms.
+        assert!(pace_slack_s(2.0, 10, 0.150) < 0.0);
     }
 }

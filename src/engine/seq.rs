@@ -361,6 +361,7 @@ fn count_token(metrics: &Metrics, seq: &mut Seq) {
         .then(|| now.saturating_duration_since(seq.job.enqueued_at));
     let gap = seq.last_token_at.map(|t| now.saturating_duration_since(t));
     seq.last_token_at = Some(now);
+    seq.first_token_at.get_or_insert(now);
     metrics.record_token(seq.job.class, first, gap);
     metrics.tokens_generated.fetch_add(1, Ordering::Relaxed);
     if seq.job.cancel.reason().is_some() {

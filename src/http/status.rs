@@ -228,7 +228,7 @@ fn queue_gauges(state: &AppState, bounds: Bounds, waiting: usize) -> [Gauge; 7] 
 
 /// The rates and the mix the bounds come from, the targets, readiness, the
 /// engine's heartbeat and the handler pool.
-fn rate_and_engine_gauges(state: &AppState, rates: Rates, bounds: Bounds) -> [Gauge; 12] {
+fn rate_and_engine_gauges(state: &AppState, rates: Rates, bounds: Bounds) -> [Gauge; 13] {
     let typical = state.queue.typical();
     [
         (
@@ -265,6 +265,11 @@ fn rate_and_engine_gauges(state: &AppState, rates: Rates, bounds: Bounds) -> [Ga
             "sluice_itl_target_seconds",
             "Inter-token latency target the step budget is derived from.",
             state.cfg.itl_target.as_secs_f64(),
+        ),
+        (
+            "sluice_itl_max_seconds",
+            "Longest pause a step may cost the streams to take a short prompt whole (--itl-max-ms).",
+            state.cfg.itl_max.as_secs_f64(),
         ),
         (
             "sluice_kv_cells",
@@ -447,6 +452,7 @@ pub(super) fn status_json(state: &AppState) -> serde_json::Value {
         "kv": {"cells": state.n_ctx, "used": m.kv_cells_used, "reserved": m.kv_cells_reserved},
         "step_budget_tokens": m.step_budget_tokens,
         "itl_target_s": state.cfg.itl_target.as_secs_f64(),
+        "itl_max_s": state.cfg.itl_max.as_secs_f64(),
         "front": front,
         "batch": batch_status(state),
         "histograms": {

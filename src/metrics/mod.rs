@@ -180,6 +180,9 @@ pub struct Metrics {
     pub step_tokens: AtomicU64,
     /// Steps that held decode tokens and a prefill chunk together.
     pub steps_mixed: AtomicU64,
+    /// Steps whose budget was raised to take a short prompt whole beside
+    /// streams ahead of their pace (`--itl-max-ms`).
+    pub steps_whole_prompt: AtomicU64,
     /// Tokens computed in generation passes, prompt chunks' and decode
     /// tokens' (index `ATTENTION_PREFILL`, `ATTENTION_DECODE`), and the sum
     /// over them of the cells before each in its sequence: what the next
@@ -246,6 +249,7 @@ impl Default for Metrics {
             steps: AtomicU64::new(0),
             step_tokens: AtomicU64::new(0),
             steps_mixed: AtomicU64::new(0),
+            steps_whole_prompt: AtomicU64::new(0),
             attention_tokens: Default::default(),
             attention_depth: Default::default(),
             active_sequences: AtomicUsize::new(0),

@@ -262,6 +262,12 @@ impl Metrics {
             "Steps that carried decode tokens and a prefill chunk together.",
             l(&self.steps_mixed),
         );
+        counter(
+            out,
+            "sluice_steps_whole_prompt_total",
+            "Steps that took a short prompt whole beyond the ITL target, the streams being ahead of its pace (--itl-max-ms).",
+            l(&self.steps_whole_prompt),
+        );
         gauge(
             out,
             "sluice_step_budget_tokens",

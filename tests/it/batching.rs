@@ -337,7 +337,15 @@ fn a_short_stream_keeps_receiving_tokens_while_a_long_prompt_is_prefilled() {
 fn a_prompt_alone_takes_whole_chunks_and_beside_a_stream_only_what_the_itl_target_allows() {
     // A 20 ms target: no CPU prefills 500 tokens in 16 ms, so beside a running
     // stream the derived budget must be far below the 512-token ceiling.
-    let srv = Server::start(&["--itl-target-ms", "20", "--parallel", "2"]);
+    // (No prompt taken whole beside the stream: `--itl-max-ms 0`.)
+    let srv = Server::start(&[
+        "--itl-target-ms",
+        "20",
+        "--itl-max-ms",
+        "0",
+        "--parallel",
+        "2",
+    ]);
     let long = json!({"prompt": long_prompt(60), "max_tokens": 1, "temperature": 0});
 
     // Alone: nothing decodes, so prefill takes the largest chunks.
@@ -380,4 +388,65 @@ fn a_prompt_alone_takes_whole_chunks_and_beside_a_stream_only_what_the_itl_targe
         "{mixed} mixed steps for a prompt that takes {whole_chunks} whole chunks"
     );
     assert!(budget_min < 512.0, "the step budget stayed at {budget_min}");
+}
+
+/// Mixed steps and steps that took a prompt whole while a ~400-token prompt
+/// is prefilled beside a stream that has sampled `ahead` tokens under a 50 ms
+/// target; and the prompt's tokens.
+fn prompt_beside_a_stream(itl_max_ms: &str, ahead: usize) -> (f64, f64, u64) {
+    let srv = Server::start(&[
+        "--itl-target-ms",
+        "50",
+        "--itl-max-ms",
+        itl_max_ms,
+        "--parallel",
+        "2",
+    ]);
+    let body = json!({"prompt": "Once upon a time", "stream": true, "max_tokens": 4000,
+                      "ignore_eos": true, "temperature": 0});
+    let mut stream = Sse::open(srv.addr, "/v1/completions", &body);
+    assert_eq!(stream.status, 200);
+    for _ in 0..ahead {
+        assert!(stream.next_json().is_some(), "the stream ended early");
+    }
+    let mixed = srv.metric("sluice_steps_mixed_total");
+    let whole = srv.metric("sluice_steps_whole_prompt_total");
+    let addr = srv.addr;
+    let prompt = json!({"prompt": long_prompt(20), "max_tokens": 1, "temperature": 0});
+    let sender = std::thread::spawn(move || post_json(addr, "/v1/completions", &prompt));
+    while !sender.is_finished() {
+        // Read on, so that the stream never pauses.
+        assert!(stream.next_json().is_some(), "the stream ended early");
+    }
+    let r = sender.join().expect("client");
+    assert_eq!(r.status, 200);
+    let prompt_tokens = r.body_json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    (
+        srv.metric("sluice_steps_mixed_total") - mixed,
+        srv.metric("sluice_steps_whole_prompt_total") - whole,
+        prompt_tokens,
+    )
+}
+
+#[test]
+fn beside_a_stream_ahead_of_its_pace_a_short_prompt_is_prefilled_in_one_step() {
+    // A stream that has sampled 600 tokens under a 50 ms target is due its
+    // next one 30 s after its first: on a box that decodes a token in 25 ms
+    // or less, 15 s or more ahead of its pace. The ~400-token prompt costs a
+    // fraction of that, and the pause allowed is a minute, so it is taken
+    // whole: one step, beside the stream's decode token.
+    let (mixed, whole, tokens) = prompt_beside_a_stream("60000", 600);
+    assert!(
+        (64..500).contains(&tokens),
+        "the prompt has {tokens} tokens"
+    );
+    assert_eq!((mixed, whole), (1.0, 1.0), "{tokens}-token prompt");
+    // With no pause allowed, the same prompt goes in chunks under the target
+    // (40 ms a step; no CPU prefills 400 tokens in that).
+    let (mixed, whole, _) = prompt_beside_a_stream("0", 600);
+    assert_eq!(whole, 0.0);
+    assert!(
+        mixed >= 2.0,
+        "{mixed} mixed steps for a {tokens}-token prompt"
+    );
 }
