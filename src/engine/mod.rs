@@ -12,6 +12,7 @@
 //! prefill tokens as keep it within the inter-token target. The same estimates
 //! are published to admission, whose bounds follow them.
 
+mod budget;
 pub mod calibration;
 pub mod codel;
 pub mod cost;
@@ -357,109 +358,6 @@ struct Engine {
 type Placed = (usize, usize, usize);
 
 impl Engine {
-    fn views(&self) -> Vec<SeqView> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter_map(|(slot, s)| {
-                let s = s.as_ref()?;
-                Some(SeqView {
-                    slot,
-                    class: s.job.class,
-                    admitted: s.admitted,
-                    phase: s.phase()?,
-                })
-            })
-            .collect()
-    }
-
-    /// Tokens the next step may hold: fixed by `--step-tokens`, or the decode
-    /// tokens plus the prefill the ITL target leaves room for, or a short
-    /// prompt whole (`whole_prompt_budget`; then also true).
-    fn step_budget(&self, views: &[SeqView]) -> (usize, bool) {
-        let budget = self.target_budget(views);
-        let whole = self.whole_prompt_budget(views, budget);
-        (whole, whole != budget)
-    }
-
-    /// `planner::budget_with_whole_prompt` for this engine: a step may pause
-    /// the streams for up to `--itl-max-ms` to take a prompt not yet begun
-    /// whole, only while every stream keeps its k-th token within k ITL
-    /// targets and one such pause of its first. (The prompt's first token
-    /// comes at once instead of after as many steps as its chunks, each also
-    /// carrying every stream's decode token; a stream absorbs one pause, then
-    /// earns the next by running ahead of the target.) The forecast is held
-    /// to the share of the allowance a step aims at, as under the target.
-    fn whole_prompt_budget(&self, views: &[SeqView], budget: usize) -> usize {
-        if self.cfg.step_tokens.is_some() || self.cfg.itl_max.is_zero() {
-            return budget;
-        }
-        let now = Instant::now();
-        let itl_max = self.cfg.itl_max.as_secs_f64();
-        let slack_min = views
-            .iter()
-            .filter(|v| v.phase == Phase::Decode)
-            .map(|v| {
-                self.slots[v.slot]
-                    .as_ref()
-                    .and_then(|s| s.pace_slack_s(now, self.cfg.itl_target))
-                    .map_or(0.0, |slack| slack + itl_max)
-            })
-            .fold(f64::INFINITY, f64::min);
-        let allowed = cost::STEP_AIM_SHARE * itl_max.min(slack_min);
-        let n_decode = views.iter().filter(|v| v.phase == Phase::Decode).count();
-        planner::budget_with_whole_prompt(
-            views,
-            budget,
-            self.cfg.n_batch,
-            |slot, tokens| {
-                let seq = self.slots[slot].as_ref()?;
-                (!seq.prefill_begun()).then(|| self.cost.predict(n_decode, &[seq.chunk(tokens)]))
-            },
-            allowed,
-        )
-    }
-
-    /// The decode tokens plus the prefill the ITL target leaves room for, or
-    /// `--step-tokens`.
-    fn target_budget(&self, views: &[SeqView]) -> usize {
-        let n_decode = views.iter().filter(|v| v.phase == Phase::Decode).count();
-        // Priced at the dearest prompt being prefilled: the planner may give it
-        // the whole budget.
-        let s_per_token = views
-            .iter()
-            .filter(|v| matches!(v.phase, Phase::Prefill { .. }))
-            .filter_map(|v| self.slots[v.slot].as_ref())
-            .map(|s| self.cost.chunk_s_per_token(&s.chunk(0)))
-            .fold(self.cost.prefill_s_per_token(), f64::max);
-        let budget = n_decode + self.prefill_per_step(n_decode, s_per_token);
-        budget.clamp(views.len().max(1), self.cfg.n_batch)
-    }
-
-    /// Prompt tokens a step takes beside `n_decode` decode tokens: what the
-    /// fixed `--step-tokens` leaves, or what the ITL target allows at
-    /// `s_per_token`.
-    fn prefill_per_step(&self, n_decode: usize, s_per_token: f64) -> usize {
-        match self.cfg.step_tokens {
-            Some(n) => n.saturating_sub(n_decode).max(1),
-            None => self.cost.prefill_budget(
-                n_decode,
-                s_per_token,
-                self.cfg.itl_target,
-                self.cfg.n_batch,
-            ),
-        }
-    }
-
-    /// Sequences that will take a decode token in the coming steps.
-    fn n_decoding(&self) -> usize {
-        self.slots
-            .iter()
-            .flatten()
-            .filter(|s| s.is_decoding())
-            .count()
-    }
-
     fn wait_for_work(&mut self, ctx: &mut Context, jobs: &Queues) {
         if self.held.iter().any(Option::is_some) || self.slots.iter().any(Option::is_some) {
             // Only paused or undelivered streams, or a job waiting for KV
