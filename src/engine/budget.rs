@@ -38,23 +38,25 @@ impl Engine {
     /// carrying every stream's decode token; a stream absorbs one pause, then
     /// earns the next by running ahead of the target.) The forecast is held
     /// to the share of the allowance a step aims at, as under the target.
-    pub(super) fn whole_prompt_budget(&self, views: &[SeqView], budget: usize) -> usize {
+    fn whole_prompt_budget(&self, views: &[SeqView], budget: usize) -> usize {
         if self.cfg.step_tokens.is_some() || self.cfg.itl_max.is_zero() {
             return budget;
         }
-        let now = Instant::now();
-        let itl_max = self.cfg.itl_max.as_secs_f64();
-        let slack_min = views
-            .iter()
-            .filter(|v| v.phase == Phase::Decode)
-            .map(|v| {
-                self.slots[v.slot]
-                    .as_ref()
-                    .and_then(|s| s.pace_slack_s(now, self.cfg.itl_target))
-                    .map_or(0.0, |slack| slack + itl_max)
-            })
-            .fold(f64::INFINITY, f64::min);
-        let allowed = cost::STEP_AIM_SHARE * itl_max.min(slack_min);
+        let allowed = || {
+            let now = Instant::now();
+            let itl_max = self.cfg.itl_max.as_secs_f64();
+            let slack_min = views
+                .iter()
+                .filter(|v| v.phase == Phase::Decode)
+                .map(|v| {
+                    self.slots[v.slot]
+                        .as_ref()
+                        .and_then(|s| s.pace_slack_s(now, self.cfg.itl_target))
+                        .map_or(0.0, |slack| slack + itl_max)
+                })
+                .fold(f64::INFINITY, f64::min);
+            cost::STEP_AIM_SHARE * itl_max.min(slack_min)
+        };
         let n_decode = views.iter().filter(|v| v.phase == Phase::Decode).count();
         planner::budget_with_whole_prompt(
             views,
@@ -70,7 +72,7 @@ impl Engine {
 
     /// The decode tokens plus the prefill the ITL target leaves room for, or
     /// `--step-tokens`.
-    pub(super) fn target_budget(&self, views: &[SeqView]) -> usize {
+    fn target_budget(&self, views: &[SeqView]) -> usize {
         let n_decode = views.iter().filter(|v| v.phase == Phase::Decode).count();
         // Priced at the dearest prompt being prefilled: the planner may give it
         // the whole budget.

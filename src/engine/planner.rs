@@ -156,15 +156,16 @@ pub fn pace_slack_s(since_first_s: f64, tokens: usize, pace_s: f64) -> f64 {
 /// streams are decoding and the first prompt does not fit `budget`, it is
 /// taken whole if `whole_step_s(slot, tokens)` (the forecast of a step with
 /// the decode tokens and all of it; `None` for a prompt already begun: a long
-/// prompt's last chunks never stall the streams) is at most `allowed_s` (what
-/// the streams' pace and the longest pause allow) and the step fits
-/// `ceiling` (llama.cpp's `n_batch`).
+/// prompt's last chunks never stall the streams) is at most `allowed_s()`
+/// (what the streams' pace and the longest pause allow; asked only when a
+/// prompt could be taken whole) and the step fits `ceiling` (llama.cpp's
+/// `n_batch`).
 pub fn budget_with_whole_prompt(
     seqs: &[SeqView],
     budget: usize,
     ceiling: usize,
     whole_step_s: impl Fn(usize, usize) -> Option<f64>,
-    allowed_s: f64,
+    allowed_s: impl FnOnce() -> f64,
 ) -> usize {
     let n_decode = seqs.iter().filter(|s| s.phase == Phase::Decode).count();
     if n_decode == 0 {
@@ -178,7 +179,7 @@ pub fn budget_with_whole_prompt(
         return budget;
     }
     match whole_step_s(slot, remaining) {
-        Some(s) if s <= allowed_s => whole,
+        Some(s) if s <= allowed_s() => whole,
         _ => budget,
     }
 }
@@ -396,7 +397,7 @@ mod tests {
             seq(2, 2, prefill(90)),
         ];
         // 90 tokens at 10 ms: 0.9 s, allowed.
-        let budget = budget_with_whole_prompt(&seqs, 20, 512, ten_ms, 1.0);
+        let budget = budget_with_whole_prompt(&seqs, 20, 512, ten_ms, || 1.0);
         assert_eq!(budget, 92);
         // The planner then gives it all of them, beside both decode tokens.
         let plan = plan_step(&seqs, budget);
@@ -419,7 +420,7 @@ mod tests {
             seq(2, 2, prefill(60)),
             batch,
         ];
-        let budget = budget_with_whole_prompt(&seqs, 10, 512, ten_ms, 1.0);
+        let budget = budget_with_whole_prompt(&seqs, 10, 512, ten_ms, || 1.0);
         assert_eq!(budget, 61);
         let plan = plan_step(&seqs, budget);
         assert_eq!(
@@ -441,15 +442,21 @@ mod tests {
     fn a_prompt_is_chunked_when_the_pause_is_not_allowed() {
         let seqs = [seq(0, 0, Phase::Decode), seq(1, 1, prefill(90))];
         // A stream behind its pace (or a longest pause) allowing 0.5 s.
-        assert_eq!(budget_with_whole_prompt(&seqs, 20, 512, ten_ms, 0.5), 20);
-        assert_eq!(budget_with_whole_prompt(&seqs, 20, 512, ten_ms, -3.0), 20);
+        assert_eq!(budget_with_whole_prompt(&seqs, 20, 512, ten_ms, || 0.5), 20);
+        assert_eq!(
+            budget_with_whole_prompt(&seqs, 20, 512, ten_ms, || -3.0),
+            20
+        );
         // A prompt already begun is never finished in one long step.
         assert_eq!(
-            budget_with_whole_prompt(&seqs, 20, 512, |_, _| None, 100.0),
+            budget_with_whole_prompt(&seqs, 20, 512, |_, _| None, || 100.0),
             20
         );
         // Nor one that would not fit llama.cpp's batch.
-        assert_eq!(budget_with_whole_prompt(&seqs, 20, 64, ten_ms, 100.0), 20);
+        assert_eq!(
+            budget_with_whole_prompt(&seqs, 20, 64, ten_ms, || 100.0),
+            20
+        );
     }
 
     #[test]
@@ -457,16 +464,19 @@ mod tests {
         // Nothing decodes: the budget is already the ceiling's.
         let alone = [seq(0, 0, prefill(900)), seq(1, 1, Phase::Paused)];
         assert_eq!(
-            budget_with_whole_prompt(&alone, 512, 512, ten_ms, 100.0),
+            budget_with_whole_prompt(&alone, 512, 512, ten_ms, || 100.0),
             512
         );
         // The prompt fits the budget as it is.
         let seqs = [seq(0, 0, Phase::Decode), seq(1, 1, prefill(10))];
-        assert_eq!(budget_with_whole_prompt(&seqs, 20, 512, ten_ms, 100.0), 20);
+        assert_eq!(
+            budget_with_whole_prompt(&seqs, 20, 512, ten_ms, || 100.0),
+            20
+        );
         // No prompt at all.
         let decoding = [seq(0, 0, Phase::Decode)];
         assert_eq!(
-            budget_with_whole_prompt(&decoding, 20, 512, ten_ms, 100.0),
+            budget_with_whole_prompt(&decoding, 20, 512, ten_ms, || 100.0),
             20
         );
     }
