@@ -25,6 +25,8 @@ pub(super) struct Started {
     pub(super) calibration: Option<Calibration>,
     pub(super) engine_stop: Arc<ffi::AbortWatch>,
     pub(super) pairing: (FlashAttn, KvType),
+    /// Tokens llama.cpp computes in one graph pass.
+    pub(super) n_ubatch: usize,
     /// The pairing was chosen by timing the candidates (now or before).
     pub(super) measured: bool,
     /// The candidates' timings by depth, when they were timed now.
@@ -172,6 +174,7 @@ fn engine_main(
         calibration,
         engine_stop: ctx.abort_handle(),
         pairing,
+        n_ubatch: ctx.n_ubatch(),
         measured,
         timings,
     };

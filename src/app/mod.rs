@@ -176,7 +176,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     let listener = TcpListener::bind(&addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     report::model(&cfg, &loaded, n_ctx);
-    report::threads(&cfg, &front_size);
+    report::threads(&cfg, &front_size, started.n_ubatch);
     let stream_cells = crate::startup::staggered_cells(loaded.n_ctx);
     let kv_cells = match cfg.kv_layout {
         ffi::KvLayout::PerSequence => stream_cells * cfg.parallel,

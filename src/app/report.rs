@@ -145,8 +145,9 @@ pub(super) fn model(cfg: &Config, loaded: &super::Loaded, n_ctx: usize) {
     }
 }
 
-/// Compute threads, sequences, the step budget, the HTTP front's sizes.
-pub(super) fn threads(cfg: &Config, front: &super::FrontSize) {
+/// Compute threads, sequences, the step budget (and llama.cpp's pass size),
+/// the HTTP front's sizes.
+pub(super) fn threads(cfg: &Config, front: &super::FrontSize, n_ubatch: usize) {
     let step = match cfg.step_tokens {
         Some(n) => format!("step budget {n} tokens (--step-tokens)"),
         None => format!(
@@ -156,6 +157,7 @@ pub(super) fn threads(cfg: &Config, front: &super::FrontSize) {
             cfg.itl_max.as_millis()
         ),
     };
+    let step = format!("{step}, computed in passes of at most {n_ubatch} tokens");
     crate::say!(
         "sluice: {} compute threads pinned to CPUs {:?}; {} parallel sequences; {step}; {} HTTP handlers, at most {} connections, {} requests waiting for a handler",
         cfg.cpus.len(),

@@ -137,6 +137,13 @@ fn flash_attention_is_measured_ahead_of_time_kept_and_used_unless_it_is_set() {
         "{log}"
     );
     assert!(!log.contains("measured in"), "{log}");
+    // Without flash attention llama.cpp computes a 512-token step in passes
+    // of 256 (the scores of a pass stay in cache); with it, in one.
+    let passes = if chosen.starts_with("off/") { 256 } else { 512 };
+    assert!(
+        log.contains(&format!("computed in passes of at most {passes} tokens")),
+        "{log}"
+    );
     let r = srv.post(
         "/v1/completions",
         &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0}),
@@ -149,6 +156,12 @@ fn flash_attention_is_measured_ahead_of_time_kept_and_used_unless_it_is_set() {
     assert!(
         !srv.log().contains("sluice: attention: "),
         "set by the operator: nothing to measure\n{}",
+        srv.log()
+    );
+    assert!(
+        srv.log()
+            .contains("computed in passes of at most 256 tokens"),
+        "{}",
         srv.log()
     );
     let r = srv.post(
