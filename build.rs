@@ -63,6 +63,12 @@ fn main() {
     );
 
     println!("cargo:rerun-if-changed=.git/HEAD");
+    // The working tree too: a build from edited sources must say `-dirty`
+    // (and a commit's, not say it), or `--version` and the calibration
+    // cache's key (which holds this string) name code the binary is not.
+    println!("cargo:rerun-if-changed=.git/index");
+    println!("cargo:rerun-if-changed=src");
+    println!("cargo:rerun-if-changed=Cargo.toml");
     println!("cargo:rerun-if-changed=.git/refs/heads");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=RUSTFLAGS");
