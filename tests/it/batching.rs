@@ -450,3 +450,61 @@ fn beside_a_stream_ahead_of_its_pace_a_short_prompt_is_prefilled_in_one_step() {
         "{mixed} mixed steps for a {tokens}-token prompt"
     );
 }
+
+/// A ~1,500-token prompt, then once it is being prefilled (2 tokens a step:
+/// hundreds of steps) a short one: how many prompt tokens had been
+/// prefilled when the short one's answer came, and the long one's tokens,
+/// with `w_max_ms` the prompts' W_max. Both have a slot of their own, so
+/// neither waits at the door, and `--no-shed` keeps an explicit W_max from
+/// refusing either.
+fn prefilled_when_a_short_prompt_behind_a_long_one_is_answered(w_max_ms: &str) -> (f64, f64) {
+    let srv = Server::start(&[
+        "--step-tokens",
+        "2",
+        "--parallel",
+        "2",
+        "--queue-wait-ms",
+        w_max_ms,
+        "--no-shed",
+        "--prefix-cache-mb",
+        "0",
+    ]);
+    let addr = srv.addr;
+    let long = json!({"prompt": long_prompt(80), "max_tokens": 1, "temperature": 0});
+    let long = std::thread::spawn(move || post_json(addr, "/v1/completions", &long));
+    let before = srv.metric("sluice_prefill_tokens_total");
+    wait_until(
+        Duration::from_secs(120),
+        "the long prompt's first step",
+        || srv.metric("sluice_prefill_tokens_total") > before,
+    );
+    let short = json!({"prompt": "Hello there", "max_tokens": 1, "temperature": 0});
+    let r = srv.post("/v1/completions", &short);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let prefilled = srv.metric("sluice_prefill_tokens_total") - before;
+    let r = long.join().expect("client");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let tokens = r.body_json()["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(tokens > 1000.0, "the long prompt has {tokens} tokens");
+    (prefilled, tokens)
+}
+
+#[test]
+fn a_short_prompt_overtakes_a_long_one_until_the_long_one_has_waited_w_max() {
+    // Shortest first: the short prompt is prefilled in the step after it
+    // arrives, while the long one has hundreds of steps to go (the count is
+    // read just after the answer; the engine would have to run on for
+    // hundreds of steps meanwhile to reach the long prompt's end).
+    let (prefilled, long) = prefilled_when_a_short_prompt_behind_a_long_one_is_answered("60000");
+    assert!(
+        prefilled < long,
+        "{prefilled} tokens prefilled when the short prompt was answered; the long one has {long}"
+    );
+    // Past W_max (1 ms: at once) the long prompt keeps its place: the short
+    // one is prefilled only after all of it.
+    let (prefilled, long) = prefilled_when_a_short_prompt_behind_a_long_one_is_answered("1");
+    assert!(
+        prefilled > long,
+        "{prefilled} tokens prefilled when the short prompt was answered; the long one has {long}"
+    );
+}
