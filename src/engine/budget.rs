@@ -6,21 +6,16 @@ use super::*;
 
 impl Engine {
     pub(super) fn views(&self) -> Vec<SeqView> {
-        let now = Instant::now();
         self.slots
             .iter()
             .enumerate()
             .filter_map(|(slot, s)| {
                 let s = s.as_ref()?;
-                let phase = s.phase()?;
-                let w_max = self.cfg.queue_wait[s.job.class.index()];
                 Some(SeqView {
                     slot,
                     class: s.job.class,
                     admitted: s.admitted,
-                    phase,
-                    overdue: matches!(phase, Phase::Prefill { .. })
-                        && now.saturating_duration_since(s.job.enqueued_at) > w_max,
+                    phase: s.phase()?,
                 })
             })
             .collect()

@@ -10,12 +10,15 @@
 //!    priority class first (`priority::Class`), then the shortest remaining
 //!    prompt first (ties by age). A short prompt that arrives while an
 //!    8k-token prompt is being prefilled gets its first token after one step, not
-//!    after the whole long prefill. The long prompt cannot starve: once it
-//!    has waited past its class's W_max (`--queue-wait-ms`) since it arrived,
-//!    no shorter prompt overtakes it (overdue prompts go first, oldest
-//!    first), and the budget left after decode tokens always goes to some
-//!    prefill. An interactive prompt is never held behind a batch prompt's
-//!    prefill.
+//!    after the whole long prefill. The long prompt is overtaken for as long as
+//!    shorter prompts keep arriving (in a closed loop of 4 clients sending
+//!    500-2,000-token prompts one waited 78 s for its first token on a 2-core
+//!    Zen 4, against 22-28 s at most in llama-server's first-come order). Putting
+//!    a prompt first once it had waited past W_max bounded that to 33 s, but
+//!    under overload, where every prompt that gets a slot has waited about
+//!    W_max, it became first-come order: short prompts waited 15-25 s behind a
+//!    3,100-token one (`bench/results/2026-12-04-zen4-b/`), so it was taken out.
+//!    An interactive prompt is never held behind a batch prompt's prefill.
 //! 3. A step never holds more tokens than the budget, and the budget never
 //!    exceeds llama.cpp's `n_batch` (more aborts the process); both are asserted.
 
@@ -30,9 +33,6 @@ pub struct SeqView {
     /// Admission order; smaller is older.
     pub admitted: u64,
     pub phase: Phase,
-    /// A prompt that has waited past its class's W_max since it arrived:
-    /// no shorter prompt overtakes it any more.
-    pub overdue: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +111,7 @@ pub fn plan_step(seqs: &[SeqView], step_tokens_max: usize) -> Plan {
         .collect();
     let mut budget = step_tokens_max - entries.len();
 
-    for (remaining, slot) in prefill_order(seqs) {
+    for (_, remaining, _, slot) in prefill_order(seqs) {
         if budget == 0 {
             break;
         }
@@ -129,31 +129,20 @@ pub fn plan_step(seqs: &[SeqView], step_tokens_max: usize) -> Plan {
 }
 
 /// The prompts being prefilled, in the order the budget goes to them: the
-/// higher class first; in a class, the overdue oldest first, then the
-/// shortest remaining, then the oldest; as (remaining tokens, slot).
-///
-/// Shortest first gives most prompts their first token soonest, but alone
-/// it lets a long prompt be overtaken for as long as shorter ones keep
-/// coming: in a closed loop of 4 clients sending 500-2,000-token prompts,
-/// one waited 54.8 s for its first token (llama-server's longest: 26.7 s).
-/// Past W_max a prompt keeps its place.
-fn prefill_order(seqs: &[SeqView]) -> Vec<(usize, usize)> {
-    let mut prefills: Vec<&SeqView> = seqs
+/// higher class first, then the shortest remaining, then the oldest; as
+/// (class, remaining tokens, admitted, slot).
+fn prefill_order(seqs: &[SeqView]) -> Vec<(Class, usize, u64, usize)> {
+    let mut prefills: Vec<(Class, usize, u64, usize)> = seqs
         .iter()
-        .filter(|s| matches!(s.phase, Phase::Prefill { remaining_tokens } if remaining_tokens > 0))
+        .filter_map(|s| match s.phase {
+            Phase::Prefill { remaining_tokens } if remaining_tokens > 0 => {
+                Some((s.class, remaining_tokens, s.admitted, s.slot))
+            }
+            _ => None,
+        })
         .collect();
-    prefills.sort_unstable_by_key(|s| {
-        let size = if s.overdue { 0 } else { remaining(s) };
-        (s.class, !s.overdue, size, s.admitted)
-    });
-    prefills.iter().map(|s| (remaining(s), s.slot)).collect()
-}
-
-fn remaining(s: &SeqView) -> usize {
-    match s.phase {
-        Phase::Prefill { remaining_tokens } => remaining_tokens,
-        _ => 0,
-    }
+    prefills.sort_unstable();
+    prefills
 }
 
 /// Seconds until a stream's next token is due when it keeps a pace of one
@@ -187,7 +176,7 @@ pub fn budget_with_whole_prompt(
     if n_decode == 0 {
         return budget;
     }
-    let Some(&(remaining, slot)) = prefill_order(seqs).first() else {
+    let Some(&(_, remaining, _, slot)) = prefill_order(seqs).first() else {
         return budget;
     };
     let whole = n_decode + remaining;
@@ -210,7 +199,6 @@ mod tests {
             class: Class::Interactive,
             admitted,
             phase,
-            overdue: false,
         }
     }
 
@@ -319,54 +307,6 @@ mod tests {
                     work: Work::Prefill { n_tokens: 44 }
                 },
             ]
-        );
-    }
-
-    #[test]
-    fn a_prompt_past_w_max_is_not_overtaken_by_shorter_ones() {
-        let overdue = |slot, admitted, n| SeqView {
-            overdue: true,
-            ..seq(slot, admitted, prefill(n))
-        };
-        let seqs = [
-            seq(0, 9, prefill(20)),
-            overdue(1, 5, 2000),
-            overdue(2, 3, 1500),
-            seq(3, 1, Phase::Decode),
-        ];
-        let order: Vec<usize> = plan_step(&seqs, 512)
-            .entries
-            .iter()
-            .map(|e| e.slot)
-            .collect();
-        assert_eq!(order, [3, 2], "the stream, then the oldest overdue prompt");
-        let plan = plan_step(&seqs, 3600);
-        assert_eq!(
-            plan.entries[1..],
-            [
-                Entry {
-                    slot: 2,
-                    work: Work::Prefill { n_tokens: 1500 }
-                },
-                Entry {
-                    slot: 1,
-                    work: Work::Prefill { n_tokens: 2000 }
-                },
-                Entry {
-                    slot: 0,
-                    work: Work::Prefill { n_tokens: 20 }
-                },
-            ],
-            "overdue oldest first, then the shortest"
-        );
-        let batch = SeqView {
-            class: Class::Batch,
-            ..overdue(4, 0, 10)
-        };
-        let plan = plan_step(&[batch, seq(0, 9, prefill(20))], 30);
-        assert_eq!(
-            plan.entries[0].slot, 0,
-            "an overdue batch prompt still waits for interactive ones"
         );
     }
 
