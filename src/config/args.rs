@@ -112,6 +112,12 @@ pub struct ServeArgs {
     /// under the target (default: 1000)
     #[argh(option, default = "1000")]
     pub itl_max_ms: u64,
+    /// a prompt that has held its slot this many times its prefill's
+    /// forecast (and at least its class's W_max) without its first token goes
+    /// first on every other step, so shorter prompts overtake it no longer
+    /// than that; 0: from W_max (default: 2)
+    #[argh(option, default = "2.0")]
+    pub overdue_stretch: f64,
     /// a fixed number of tokens per engine step (decode tokens first, then
     /// prefill chunks), instead of the budget derived from --itl-target-ms
     #[argh(option)]

@@ -9,7 +9,8 @@ pub(super) fn check_range<T: PartialOrd + std::fmt::Display>(
     lo: T,
     hi: T,
 ) -> Result<(), String> {
-    if v < lo || v > hi {
+    // Written so that NaN fails too.
+    if !(v >= lo && v <= hi) {
         return Err(format!("{flag} is {v}; it must be {lo} to {hi}"));
     }
     Ok(())
@@ -80,6 +81,12 @@ pub(super) fn check_engine_ranges(a: &ServeArgs) -> Result<(), String> {
     }
     check_range("--itl-target-ms", a.itl_target_ms, 1, ITL_TARGET_MS_MAX)?;
     check_range("--itl-max-ms", a.itl_max_ms, 0, ITL_TARGET_MS_MAX)?;
+    check_range(
+        "--overdue-stretch",
+        a.overdue_stretch,
+        0.0,
+        OVERDUE_STRETCH_MAX,
+    )?;
     if let Some(ctx) = a.ctx {
         check_range("--ctx", ctx, CTX_TOKENS_MIN, CTX_TOKENS_MAX)?;
     }

@@ -62,6 +62,9 @@ pub const QUEUE_WAIT_MS_DEFAULT: u64 = 5_000;
 pub const DRAIN_NOTICE_MS_MAX: u64 = 600_000;
 /// Longest `--itl-target-ms`: a minute between tokens is no longer a stream.
 pub const ITL_TARGET_MS_MAX: u64 = 60_000;
+/// Largest `--overdue-stretch`: a prompt overtaken for 100 times its
+/// prefill is starved by any measure.
+pub const OVERDUE_STRETCH_MAX: f64 = 100.0;
 /// Largest `--batch-every`: starts out of which one goes to batch.
 pub const BATCH_EVERY_MAX: u32 = 1000;
 /// Largest `--client-table-max`, in clients.
@@ -203,6 +206,10 @@ pub struct Config {
     /// `--itl-max-ms`: the longest pause a whole short prompt may cost the
     /// streams (zero: prompts are always chunked under the target).
     pub itl_max: Duration,
+    /// `--overdue-stretch`: a prompt is overdue (goes first every other step)
+    /// once it has held its slot this many times its prefill's forecast, and
+    /// at least W_max.
+    pub overdue_stretch: f64,
     pub queue_wait: Duration,
     pub batch_queue_wait: Duration,
     /// Slots batch requests may not hold (< parallel).
@@ -314,6 +321,7 @@ impl Config {
             step_tokens: a.step_tokens,
             itl_target: Duration::from_millis(a.itl_target_ms),
             itl_max: Duration::from_millis(a.itl_max_ms),
+            overdue_stretch: a.overdue_stretch,
             queue_wait: Duration::from_millis(queue_wait_ms),
             batch_queue_wait: Duration::from_millis(a.batch_queue_wait_ms),
             interactive_slots,

@@ -143,6 +143,8 @@ fn flash_attention_is_measured_unless_given_or_implied_by_a_quantized_cache() {
 fn range_errors_name_the_flag_and_value() {
     let e = check_range("--parallel", 0, 1, 256).unwrap_err();
     assert_eq!(e, "--parallel is 0; it must be 1 to 256");
+    assert!(check_range("--overdue-stretch", f64::NAN, 0.0, 100.0).is_err());
+    assert!(check_range("--overdue-stretch", 0.0, 0.0, 100.0).is_ok());
 }
 
 #[test]

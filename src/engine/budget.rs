@@ -5,20 +5,49 @@
 use super::*;
 
 impl Engine {
+    /// The planner's view of the slots. On the engine's overdue turn (every
+    /// other step while there is one), a prompt that has held its slot past
+    /// `Seq::overdue_at` without finishing its prefill is marked to go first
+    /// (`planner`, rule 2).
     pub(super) fn views(&self) -> Vec<SeqView> {
+        let now = Instant::now();
         self.slots
             .iter()
             .enumerate()
             .filter_map(|(slot, s)| {
                 let s = s.as_ref()?;
+                let phase = s.phase()?;
                 Some(SeqView {
                     slot,
                     class: s.job.class,
                     admitted: s.admitted,
-                    phase: s.phase()?,
+                    phase,
+                    overdue: self.overdue_turn && self.overdue(s, phase, now),
                 })
             })
             .collect()
+    }
+
+    fn overdue(&self, s: &Seq, phase: Phase, now: Instant) -> bool {
+        matches!(phase, Phase::Prefill { .. }) && now > s.overdue_at
+    }
+
+    /// After planning a step from `views`: counts the step when its overdue
+    /// mark let no shorter prompt go first, and passes the turn while any
+    /// prompt is overdue.
+    pub(super) fn take_overdue_turn(&mut self, views: &[SeqView]) {
+        if planner::overdue_goes_first(views) {
+            self.metrics
+                .steps_overdue_first
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let now = Instant::now();
+        let any = self
+            .slots
+            .iter()
+            .flatten()
+            .any(|s| s.phase().is_some_and(|phase| self.overdue(s, phase, now)));
+        self.overdue_turn = !any || !self.overdue_turn;
     }
 
     /// Tokens the next step may hold: fixed by `--step-tokens`, or the decode

@@ -383,6 +383,11 @@ impl Engine {
             sampler,
             text: TextAssembler::new(stop),
             admitted: self.admitted,
+            overdue_at: Instant::now()
+                + self
+                    .prefill_forecast(job.prompt.len().saturating_sub(reuse))
+                    .mul_f64(self.cfg.overdue_stretch)
+                    .max(self.cfg.queue_wait[job.class.index()]),
             n_past: reuse,
             kv_tokens: job.prompt[..reuse].to_vec(),
             runs: 1 + shared_runs,

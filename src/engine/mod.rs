@@ -73,6 +73,13 @@ pub struct EngineConfig {
     /// prompt whole, while each keeps its k-th token within k `itl_target`s
     /// and one such pause of its first (zero: never).
     pub itl_max: Duration,
+    /// A prompt that has held its slot this many times its prefill's
+    /// forecast (and at least its class's W_max) without finishing its
+    /// prefill goes first on every other step (`planner`, rule 2): no prompt
+    /// is overtaken for long, yet a long one under load, slow anyway, does
+    /// not take every other step from the short ones as soon as it passes
+    /// W_max (`--overdue-stretch`).
+    pub overdue_stretch: f64,
     /// W_max per class: a request that waited past its class's sojourn target
     /// starts only if its first token can still come within this.
     pub queue_wait: [Duration; Class::COUNT],
@@ -113,6 +120,10 @@ struct Seq {
     /// Its slot in admission's count, given back when the sequence is dropped.
     _slot: Slot,
     admitted: u64,
+    /// From when its prompt, not yet prefilled, is overdue (`views`): its
+    /// class's W_max after it got its slot, or `overdue_stretch` times its
+    /// prefill's forecast then (beside the streams running) if that is longer.
+    overdue_at: Instant,
     /// How it picks its tokens; none for an embedding job.
     sampler: Option<sample::Sampler>,
     text: TextAssembler,
@@ -255,6 +266,7 @@ pub fn run(
         kv_written: true,
         save_s_per_run: cfg.save_s_per_run,
         admitted: 0,
+        overdue_turn: true,
         codel: cfg
             .shed
             .map(|s| s.map(|(target, interval)| Codel::new(target, interval))),
@@ -289,6 +301,7 @@ pub fn run(
                 .fetch_add(1, Ordering::Relaxed);
         }
         let plan = planner::plan_step(&views, budget);
+        engine.take_overdue_turn(&views);
         if plan.is_empty() {
             let active =
                 engine.slots.iter().any(Option::is_some) || engine.held.iter().any(Option::is_some);
@@ -343,6 +356,9 @@ struct Engine {
     /// calibration).
     save_s_per_run: Option<f64>,
     admitted: u64,
+    /// This step marks the overdue prompts to go first (`views`); flips on
+    /// every step that has one, so they go first every other step.
+    overdue_turn: bool,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
     /// Admission's reporter: told when a job gets a slot and when it leaves

@@ -10,14 +10,25 @@
 //!    priority class first (`priority::Class`), then the shortest remaining
 //!    prompt first (ties by age). A short prompt that arrives while an
 //!    8k-token prompt is being prefilled gets its first token after one step, not
-//!    after the whole long prefill. The long prompt is overtaken for as long as
-//!    shorter prompts keep arriving (in a closed loop of 4 clients sending
-//!    500-2,000-token prompts one waited 78 s for its first token on a 2-core
-//!    Zen 4, against 22-28 s at most in llama-server's first-come order). Putting
-//!    a prompt first once it had waited past W_max bounded that to 33 s, but
-//!    under overload, where every prompt that gets a slot has waited about
-//!    W_max, it became first-come order: short prompts waited 15-25 s behind a
-//!    3,100-token one (`bench/results/2026-12-04-zen4-b/`), so it was taken out.
+//!    after the whole long prefill. Alone, that lets a long prompt be overtaken
+//!    for as long as shorter ones keep arriving (in a closed loop of 4 clients
+//!    sending 500-2,000-token prompts one waited 78 s for its first token on a
+//!    2-core Zen 4, against 22-28 s at most in llama-server's first-come order).
+//!    So a prompt that has held its slot longer than its class's W_max, and
+//!    `--overdue-stretch` (2) times its prefill's forecast, without finishing
+//!    its prefill is *overdue*, and on every other step the engine
+//!    marks it to go first (`SeqView::overdue`, the oldest first): it gets at
+//!    least every second step's prefill budget, and the shortest prompt beside
+//!    it the steps between (its prefill takes at most about twice the steps
+//!    it would alone). In that loop the longest first token fell to 36-38 s
+//!    (`bench/results/2026-12-04-zen4-c/overdue/`). (Putting overdue prompts
+//!    first on every step, counted from arrival, was tried: under overload
+//!    every prompt that gets a slot has waited about W_max in the queue, so
+//!    the order became first-come and short prompts waited 15-25 s behind a
+//!    3,100-token one; `bench/results/2026-12-04-zen4-b/`. Counted from the
+//!    slot at W_max alone, a long prompt under load took every other step
+//!    from the short ones early: in the same bench, 0.100 req/s goodput in
+//!    the worst round against 0.144 with the forecast's stretch.)
 //!    An interactive prompt is never held behind a batch prompt's prefill.
 //! 3. A step never holds more tokens than the budget, and the budget never
 //!    exceeds llama.cpp's `n_batch` (more aborts the process); both are asserted.
@@ -33,6 +44,9 @@ pub struct SeqView {
     /// Admission order; smaller is older.
     pub admitted: u64,
     pub phase: Phase,
+    /// Goes first among its class's prompts in this step: set by the engine,
+    /// on every other step, for a prompt overdue in its slot.
+    pub overdue: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,7 +125,7 @@ pub fn plan_step(seqs: &[SeqView], step_tokens_max: usize) -> Plan {
         .collect();
     let mut budget = step_tokens_max - entries.len();
 
-    for (_, remaining, _, slot) in prefill_order(seqs) {
+    for (remaining, slot) in prefill_order(seqs) {
         if budget == 0 {
             break;
         }
@@ -129,20 +143,40 @@ pub fn plan_step(seqs: &[SeqView], step_tokens_max: usize) -> Plan {
 }
 
 /// The prompts being prefilled, in the order the budget goes to them: the
-/// higher class first, then the shortest remaining, then the oldest; as
-/// (class, remaining tokens, admitted, slot).
-fn prefill_order(seqs: &[SeqView]) -> Vec<(Class, usize, u64, usize)> {
-    let mut prefills: Vec<(Class, usize, u64, usize)> = seqs
+/// higher class first; in a class, those marked overdue first (oldest
+/// first), then the shortest remaining, then the oldest; as (remaining
+/// tokens, slot).
+fn prefill_order(seqs: &[SeqView]) -> Vec<(usize, usize)> {
+    let mut prefills: Vec<(&SeqView, usize)> = seqs
         .iter()
         .filter_map(|s| match s.phase {
             Phase::Prefill { remaining_tokens } if remaining_tokens > 0 => {
-                Some((s.class, remaining_tokens, s.admitted, s.slot))
+                Some((s, remaining_tokens))
             }
             _ => None,
         })
         .collect();
-    prefills.sort_unstable();
+    prefills.sort_unstable_by_key(|&(s, remaining)| {
+        let size = if s.overdue { 0 } else { remaining };
+        (s.class, !s.overdue, size, s.admitted)
+    });
     prefills
+        .into_iter()
+        .map(|(s, remaining)| (remaining, s.slot))
+        .collect()
+}
+
+/// True when marking the overdue prompts changes which prompt the step's
+/// prefill goes to first: a shorter prompt is not let overtake.
+pub fn overdue_goes_first(seqs: &[SeqView]) -> bool {
+    let unmarked: Vec<SeqView> = seqs
+        .iter()
+        .map(|s| SeqView {
+            overdue: false,
+            ..*s
+        })
+        .collect();
+    prefill_order(seqs).first() != prefill_order(&unmarked).first()
 }
 
 /// Seconds until a stream's next token is due when it keeps a pace of one
@@ -176,7 +210,7 @@ pub fn budget_with_whole_prompt(
     if n_decode == 0 {
         return budget;
     }
-    let Some(&(_, remaining, _, slot)) = prefill_order(seqs).first() else {
+    let Some(&(remaining, slot)) = prefill_order(seqs).first() else {
         return budget;
     };
     let whole = n_decode + remaining;
@@ -199,6 +233,7 @@ mod tests {
             class: Class::Interactive,
             admitted,
             phase,
+            overdue: false,
         }
     }
 
@@ -308,6 +343,64 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_prompt_marked_overdue_is_not_overtaken_by_shorter_ones() {
+        let overdue = |slot, admitted, n| SeqView {
+            overdue: true,
+            ..seq(slot, admitted, prefill(n))
+        };
+        let seqs = [
+            seq(0, 9, prefill(20)),
+            overdue(1, 5, 2000),
+            overdue(2, 3, 1500),
+            seq(3, 1, Phase::Decode),
+        ];
+        let order: Vec<usize> = plan_step(&seqs, 512)
+            .entries
+            .iter()
+            .map(|e| e.slot)
+            .collect();
+        assert_eq!(order, [3, 2], "the stream, then the oldest overdue prompt");
+        assert!(overdue_goes_first(&seqs));
+        let plan = plan_step(&seqs, 3600);
+        assert_eq!(
+            plan.entries[1..],
+            [
+                Entry {
+                    slot: 2,
+                    work: Work::Prefill { n_tokens: 1500 }
+                },
+                Entry {
+                    slot: 1,
+                    work: Work::Prefill { n_tokens: 2000 }
+                },
+                Entry {
+                    slot: 0,
+                    work: Work::Prefill { n_tokens: 20 }
+                },
+            ],
+            "overdue oldest first, then the shortest"
+        );
+        // On the steps between, the engine marks none: shortest first again.
+        let unmarked = [seqs[0], seq(1, 5, prefill(2000)), seq(2, 3, prefill(1500))];
+        assert_eq!(plan_step(&unmarked, 512).entries[0].slot, 0);
+        assert!(!overdue_goes_first(&unmarked));
+        let batch = SeqView {
+            class: Class::Batch,
+            ..overdue(4, 0, 10)
+        };
+        let plan = plan_step(&[batch, seq(0, 9, prefill(20))], 30);
+        assert_eq!(
+            plan.entries[0].slot, 0,
+            "an overdue batch prompt still waits for interactive ones"
+        );
+        // Already first (the shortest), it changes nothing.
+        assert!(!overdue_goes_first(&[
+            overdue(1, 5, 10),
+            seq(0, 9, prefill(20))
+        ]));
     }
 
     #[test]

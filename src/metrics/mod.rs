@@ -183,6 +183,9 @@ pub struct Metrics {
     /// Steps whose budget was raised to take a short prompt whole beside
     /// streams ahead of their pace (`--itl-max-ms`).
     pub steps_whole_prompt: AtomicU64,
+    /// Steps whose prefill went first to a prompt overdue in its slot rather
+    /// than to a shorter one (`engine::planner`, rule 2).
+    pub steps_overdue_first: AtomicU64,
     /// Tokens computed in generation passes, prompt chunks' and decode
     /// tokens' (index `ATTENTION_PREFILL`, `ATTENTION_DECODE`), and the sum
     /// over them of the cells before each in its sequence: what the next
@@ -250,6 +253,7 @@ impl Default for Metrics {
             step_tokens: AtomicU64::new(0),
             steps_mixed: AtomicU64::new(0),
             steps_whole_prompt: AtomicU64::new(0),
+            steps_overdue_first: AtomicU64::new(0),
             attention_tokens: Default::default(),
             attention_depth: Default::default(),
             active_sequences: AtomicUsize::new(0),

@@ -268,6 +268,12 @@ impl Metrics {
             "Steps that took a short prompt whole beyond the ITL target, the streams being ahead of its pace (--itl-max-ms).",
             l(&self.steps_whole_prompt),
         );
+        counter(
+            out,
+            "sluice_steps_overdue_first_total",
+            "Steps whose prefill went first to a prompt that had held its slot past its class's W_max, not to a shorter one (every other step while one is overdue).",
+            l(&self.steps_overdue_first),
+        );
         gauge(
             out,
             "sluice_step_budget_tokens",

@@ -450,3 +450,85 @@ fn beside_a_stream_ahead_of_its_pace_a_short_prompt_is_prefilled_in_one_step() {
         "{mixed} mixed steps for a {tokens}-token prompt"
     );
 }
+
+/// A ~1,500-token prompt, then once it is being prefilled (2 tokens a step:
+/// hundreds of steps) a short one, with `w_max_ms` the prompts' W_max: the
+/// prompt tokens prefilled when the short one's answer came, the long
+/// prompt's tokens, and the steps counted as having put the long (overdue)
+/// prompt first over the short one. `--overdue-stretch 0`: overdue from
+/// W_max on, whatever the forecast. Both have a slot of their own, so
+/// neither waits at the door, and `--no-shed` keeps an explicit W_max from
+/// refusing either.
+fn a_short_prompt_beside_a_long_one(w_max_ms: &str) -> (f64, f64, f64) {
+    let srv = Server::start(&[
+        "--step-tokens",
+        "2",
+        "--parallel",
+        "2",
+        "--queue-wait-ms",
+        w_max_ms,
+        "--overdue-stretch",
+        "0",
+        "--no-shed",
+        "--prefix-cache-mb",
+        "0",
+    ]);
+    let addr = srv.addr;
+    let long = json!({"prompt": long_prompt(80), "max_tokens": 1, "temperature": 0});
+    let long = std::thread::spawn(move || post_json(addr, "/v1/completions", &long));
+    let before = srv.metric("sluice_prefill_tokens_total");
+    let overdue_before = srv.metric("sluice_steps_overdue_first_total");
+    wait_until(
+        Duration::from_secs(120),
+        "the long prompt's first step",
+        || srv.metric("sluice_prefill_tokens_total") > before,
+    );
+    // About a dozen tokens: several 2-token steps of its own.
+    let short = json!({
+        "prompt": "Hello there, my friend: how are you doing on this fine day?",
+        "max_tokens": 1,
+        "temperature": 0
+    });
+    let r = srv.post("/v1/completions", &short);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let short_tokens = r.body_json()["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(
+        short_tokens > 4.0,
+        "the short prompt has {short_tokens} tokens"
+    );
+    let prefilled = srv.metric("sluice_prefill_tokens_total") - before;
+    let overdue_first = srv.metric("sluice_steps_overdue_first_total") - overdue_before;
+    let r = long.join().expect("client");
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let tokens = r.body_json()["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(tokens > 1000.0, "the long prompt has {tokens} tokens");
+    (prefilled, tokens, overdue_first)
+}
+
+#[test]
+fn a_long_prompt_overdue_in_its_slot_goes_first_every_other_step_beside_a_shorter_one() {
+    // Shortest first: the short prompt is prefilled in the steps after it
+    // arrives, while the long one has hundreds of steps to go (the count is
+    // read just after the answer; the engine would have to run on for
+    // hundreds of steps meanwhile to reach the long prompt's end), and with
+    // W_max 60 s the long one is never overdue.
+    let (prefilled, long, overdue_first) = a_short_prompt_beside_a_long_one("60000");
+    assert!(
+        prefilled < long,
+        "{prefilled} tokens prefilled when the short prompt was answered; the long one has {long}"
+    );
+    assert_eq!(overdue_first, 0.0, "no prompt held its slot past W_max");
+    // Past W_max (1 ms: at once) the long prompt goes first on every other
+    // step: while the short one is prefilled, in 2-token steps, some steps
+    // go to the long one first; the short one still gets the steps between,
+    // and is answered long before the long prompt's end.
+    let (prefilled, long, overdue_first) = a_short_prompt_beside_a_long_one("1");
+    assert!(
+        overdue_first >= 1.0,
+        "{overdue_first} steps put the overdue prompt before the short one"
+    );
+    assert!(
+        prefilled < long,
+        "{prefilled} tokens prefilled when the short prompt was answered; the long one has {long}"
+    );
+}
