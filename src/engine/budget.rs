@@ -5,10 +5,9 @@
 use super::*;
 
 impl Engine {
-    /// The planner's view of the slots. On the engine's overdue turn (every
-    /// other step while there is one), a prompt that has held its slot past
-    /// `Seq::overdue_at` without finishing its prefill is marked to go first
-    /// (`planner`, rule 2).
+    /// The planner's view of the slots; a prompt that has held its slot past
+    /// `Seq::overdue_at` without finishing its prefill is marked overdue
+    /// (`take_overdue_turn` keeps the marks on every other step).
     pub(super) fn views(&self) -> Vec<SeqView> {
         let now = Instant::now();
         self.slots
@@ -22,32 +21,30 @@ impl Engine {
                     class: s.job.class,
                     admitted: s.admitted,
                     phase,
-                    overdue: self.overdue_turn && self.overdue(s, phase, now),
+                    overdue: matches!(phase, Phase::Prefill { .. }) && now > s.overdue_at,
                 })
             })
             .collect()
     }
 
-    fn overdue(&self, s: &Seq, phase: Phase, now: Instant) -> bool {
-        matches!(phase, Phase::Prefill { .. }) && now > s.overdue_at
-    }
-
-    /// After planning a step from `views`: counts the step when its overdue
-    /// mark let no shorter prompt go first, and passes the turn while any
-    /// prompt is overdue.
-    pub(super) fn take_overdue_turn(&mut self, views: &[SeqView]) {
-        if planner::overdue_goes_first(views) {
+    /// Before planning a step from `views`: keeps their overdue marks on the
+    /// engine's overdue turn and clears them on the other, so that overdue
+    /// prompts go first every other step (`planner`, rule 2); passes the
+    /// turn while any prompt is overdue, and counts the step when its marks
+    /// let no shorter prompt go first.
+    pub(super) fn take_overdue_turn(&mut self, views: &mut [SeqView]) {
+        if !views.iter().any(|v| v.overdue) {
+            self.overdue_turn = true;
+            return;
+        }
+        if !self.overdue_turn {
+            views.iter_mut().for_each(|v| v.overdue = false);
+        } else if planner::overdue_goes_first(views) {
             self.metrics
                 .steps_overdue_first
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let now = Instant::now();
-        let any = self
-            .slots
-            .iter()
-            .flatten()
-            .any(|s| s.phase().is_some_and(|phase| self.overdue(s, phase, now)));
-        self.overdue_turn = !any || !self.overdue_turn;
+        self.overdue_turn = !self.overdue_turn;
     }
 
     /// Tokens the next step may hold: fixed by `--step-tokens`, or the decode

@@ -288,7 +288,8 @@ pub fn run(
             engine.admit(&mut ctx, &jobs)
         };
         engine.share_prompts(&mut ctx);
-        let views = engine.views();
+        let mut views = engine.views();
+        engine.take_overdue_turn(&mut views);
         let (budget, whole) = engine.step_budget(&views);
         engine
             .metrics
@@ -301,7 +302,6 @@ pub fn run(
                 .fetch_add(1, Ordering::Relaxed);
         }
         let plan = planner::plan_step(&views, budget);
-        engine.take_overdue_turn(&views);
         if plan.is_empty() {
             let active =
                 engine.slots.iter().any(Option::is_some) || engine.held.iter().any(Option::is_some);
@@ -356,8 +356,8 @@ struct Engine {
     /// calibration).
     save_s_per_run: Option<f64>,
     admitted: u64,
-    /// This step marks the overdue prompts to go first (`views`); flips on
-    /// every step that has one, so they go first every other step.
+    /// This step keeps the overdue prompts' marks (`take_overdue_turn`);
+    /// flips on every step that has one, so they go first every other step.
     overdue_turn: bool,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,

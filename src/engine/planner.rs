@@ -147,23 +147,22 @@ pub fn plan_step(seqs: &[SeqView], step_tokens_max: usize) -> Plan {
 /// first), then the shortest remaining, then the oldest; as (remaining
 /// tokens, slot).
 fn prefill_order(seqs: &[SeqView]) -> Vec<(usize, usize)> {
-    let mut prefills: Vec<(&SeqView, usize)> = seqs
+    let mut prefills: Vec<&SeqView> = seqs
         .iter()
-        .filter_map(|s| match s.phase {
-            Phase::Prefill { remaining_tokens } if remaining_tokens > 0 => {
-                Some((s, remaining_tokens))
-            }
-            _ => None,
-        })
+        .filter(|s| matches!(s.phase, Phase::Prefill { remaining_tokens } if remaining_tokens > 0))
         .collect();
-    prefills.sort_unstable_by_key(|&(s, remaining)| {
-        let size = if s.overdue { 0 } else { remaining };
+    prefills.sort_unstable_by_key(|s| {
+        let size = if s.overdue { 0 } else { remaining(s) };
         (s.class, !s.overdue, size, s.admitted)
     });
-    prefills
-        .into_iter()
-        .map(|(s, remaining)| (remaining, s.slot))
-        .collect()
+    prefills.iter().map(|s| (remaining(s), s.slot)).collect()
+}
+
+fn remaining(s: &SeqView) -> usize {
+    match s.phase {
+        Phase::Prefill { remaining_tokens } => remaining_tokens,
+        _ => 0,
+    }
 }
 
 /// True when marking the overdue prompts changes which prompt the step's
