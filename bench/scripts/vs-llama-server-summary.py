@@ -1,6 +1,10 @@
 #!/usr/bin/env python3
 """Medians over rounds of bench/scripts/vs-llama-server's figures, and the
 ratio sluice / llama-server of each, as a Markdown table (and summary.json).
+Also each round's own ratio: round r of sluice ran next to round r of
+llama-server (the script alternates which goes first), so on a box whose
+speed drifts, the per-round ratios show whether a median's ratio held in
+every round or came from one.
 
 Usage: vs-llama-server-summary.py OUT_DIR
 """
@@ -116,15 +120,18 @@ for s in SERVERS:
 
 summary = {}
 print(f"# sluice vs llama-server: medians over {len(rounds('sluice'))} rounds\n")
-print("| figure | sluice | llama-server | sluice / llama | rounds (sluice; llama) |")
-print("|---|---|---|---|---|")
+print("| figure | sluice | llama-server | sluice / llama | rounds (sluice; llama) | per round: sluice / llama |")
+print("|---|---|---|---|---|---|")
 fmt = lambda x: "-" if x is None else (f"{x:.3f}" if abs(x) < 10 else f"{x:.1f}")
 for name, by in figures.items():
     a, b = med(by.get("sluice", [])), med(by.get("llama", []))
     ratio = a / b if a is not None and b else None
+    paired = [x / y if x is not None and y else None
+              for x, y in zip(by.get("sluice", []), by.get("llama", []))]
     summary[name] = {"sluice": a, "llama": b, "ratio": ratio,
-                     "rounds": {"sluice": by.get("sluice", []), "llama": by.get("llama", [])}}
+                     "rounds": {"sluice": by.get("sluice", []), "llama": by.get("llama", [])},
+                     "ratio_by_round": paired}
     per = "; ".join(" ".join(fmt(x) for x in by.get(s, [])) for s in SERVERS)
-    print(f"| {name} | {fmt(a)} | {fmt(b)} | {fmt(ratio)} | {per} |")
+    print(f"| {name} | {fmt(a)} | {fmt(b)} | {fmt(ratio)} | {per} | {' '.join(fmt(x) for x in paired)} |")
 with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
