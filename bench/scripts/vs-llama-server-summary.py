@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Medians over rounds of bench/scripts/vs-llama-server's figures, and the
 ratio sluice / llama-server of each, as a Markdown table (and summary.json).
-Also each round's own ratio: round r of sluice ran next to round r of
-llama-server (the script alternates which goes first), so on a box whose
-speed drifts, the per-round ratios show whether a median's ratio held in
-every round or came from one.
+Also each round's own ratio: in round r each workload ran on one server and
+then at once on the other (the script alternates which goes first), so the
+per-round ratios show whether a median's ratio held in every round or came
+from one.
 
 Usage: vs-llama-server-summary.py OUT_DIR
 """
