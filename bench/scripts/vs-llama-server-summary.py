@@ -133,5 +133,20 @@ for name, by in figures.items():
                      "ratio_by_round": paired}
     per = "; ".join(" ".join(fmt(x) for x in by.get(s, [])) for s in SERVERS)
     print(f"| {name} | {fmt(a)} | {fmt(b)} | {fmt(ratio)} | {per} | {' '.join(fmt(x) for x in paired)} |")
+# What the idle server used while the other was loaded (the script's
+# idle-check.tsv): a server still computing for clients who left would
+# have slowed the other's figures.
+idle = os.path.join(out, "idle-check.tsv")
+if os.path.exists(idle):
+    with open(idle) as f:
+        rows = [line.rstrip("\n").split("\t") for line in f][1:]
+    rows = [r for r in rows if len(r) == 5]
+    if rows:
+        top = max(rows, key=lambda r: int(r[4]))
+        print(f"\nThe idle server's CPU while the other was loaded: at most {top[4]} ms "
+              f"({top[3]}, round {top[0]}, during {top[2]}'s {top[1]}); "
+              f"{sum(int(r[4]) > 1000 for r in rows)} of {len(rows)} workloads over 1,000 ms.")
+        summary["idle_cpu_ms_max"] = {"ms": int(top[4]), "round": int(top[0]), "workload": top[1],
+                                      "loaded": top[2], "idle": top[3]}
 with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
