@@ -53,6 +53,18 @@ impl Engine {
         );
     }
 
+    /// Whether sequence `seq`'s state could be kept in the prefix cache; counts
+    /// one that could not.
+    fn state_fits_cache(&self, ctx: &mut Context, seq: i32) -> bool {
+        let fits = self.prefix.could_keep(ctx.sequence_state_size(seq));
+        if !fits {
+            self.metrics
+                .prefix_too_large
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        fits
+    }
+
     /// Frees the parked cells without saving them.
     pub(super) fn drop_parked(&mut self, ctx: &mut Context) {
         if let Some(tokens) = self.parked.take() {
@@ -115,7 +127,15 @@ impl Engine {
         // token from ~270 to ~340 ms).
         let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs.0 as f64);
         let too_long = stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64();
-        if keep && self.prefix.is_enabled() && !tokens.is_empty() {
+        // A state larger than the whole cache would be copied out (a stall
+        // beside the streams, and that much memory past the cache's bound
+        // for a moment) only to be dropped: with the default 96 MiB, a
+        // ~6,300-token prompt's 111 MB (flash attention off, K in q8_0).
+        let keep = keep
+            && self.prefix.is_enabled()
+            && !tokens.is_empty()
+            && self.state_fits_cache(ctx, seq_id);
+        if keep {
             if others_decoding && too_long {
                 self.drop_parked(ctx);
                 self.parked_seq = match self.cfg.kv_layout {

@@ -90,6 +90,12 @@ impl PrefixCache {
         self.bytes_max > 0
     }
 
+    /// Whether a state of `bytes` could be kept at all: no larger than the
+    /// whole bound. One that is not is never copied out of the KV cache.
+    pub fn could_keep(&self, bytes: usize) -> bool {
+        self.is_enabled() && bytes <= self.bytes_max
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -283,5 +289,13 @@ mod tests {
         let told = c.take_changed().expect("an entry came");
         assert_eq!(&told[0][..], &[1, 2, 3]);
         assert_eq!(c.take_changed(), None, "told already");
+    }
+
+    #[test]
+    fn a_state_larger_than_the_whole_bound_could_not_be_kept() {
+        let c = PrefixCache::new(100);
+        assert!(c.could_keep(100));
+        assert!(!c.could_keep(101));
+        assert!(!PrefixCache::new(0).could_keep(1), "no cache keeps nothing");
     }
 }

@@ -143,6 +143,9 @@ pub struct Metrics {
     pub prefix_tokens_reused: AtomicU64,
     /// Tokens of prefix cache entries evicted (for room, or for an id).
     pub prefix_tokens_evicted: AtomicU64,
+    /// Finished sequences not kept because their state alone is larger than
+    /// the prefix cache's bound (never copied).
+    pub prefix_too_large: AtomicU64,
     prefix_entries: AtomicUsize,
     prefix_bytes: AtomicUsize,
     /// Tokens of a finished sequence whose cells wait in the KV cache to be saved.
@@ -231,6 +234,7 @@ impl Default for Metrics {
             prefill_tokens_abandoned: AtomicU64::new(0),
             prefix_tokens_reused: AtomicU64::new(0),
             prefix_tokens_evicted: AtomicU64::new(0),
+            prefix_too_large: AtomicU64::new(0),
             prefix_entries: AtomicUsize::new(0),
             prefix_bytes: AtomicUsize::new(0),
             prefix_parked_tokens: AtomicUsize::new(0),

@@ -163,6 +163,12 @@ impl Metrics {
             "Tokens of prefix cache entries evicted for room (least recently used first).",
             l(&self.prefix_tokens_evicted),
         );
+        counter(
+            out,
+            "sluice_prefix_cache_too_large_total",
+            "Finished sequences not kept because their KV state alone is larger than --prefix-cache-mb (never copied out).",
+            l(&self.prefix_too_large),
+        );
         gauge(
             out,
             "sluice_prefix_cache_entries",

@@ -539,3 +539,35 @@ fn n_choices_of_a_long_prompt_are_admitted_and_forecast_as_one_prefill() {
     );
     assert_eq!(srv.metric("sluice_requests_accepted_total"), 8.0);
 }
+
+#[test]
+fn a_state_larger_than_the_whole_cache_is_never_copied_and_evicts_nothing() {
+    // 1 MiB of cache: a 20-some-token prompt's state fits (each token holds
+    // at most 30 layers x 2 x 384 bytes of K and V), and is long enough to be
+    // reused (`REUSE_TOKENS_MIN`); a 200-token prompt's does not fit.
+    let srv = Server::start(&["--prefix-cache-mb", "1"]);
+    let short = json!({
+        "prompt": "The quick brown fox jumps over the lazy dog near the river bank on a sunny day in early May.",
+        "max_tokens": 1,
+        "temperature": 0
+    });
+    complete(&srv, short.clone());
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0);
+    assert_eq!(srv.metric("sluice_prefix_cache_too_large_total"), 0.0);
+
+    let long = complete(
+        &srv,
+        json!({"prompt": long_prompt(20), "max_tokens": 1, "temperature": 0}),
+    );
+    assert!(prompt_tokens(&long) >= 200, "{long}");
+    assert_eq!(srv.metric("sluice_prefix_cache_too_large_total"), 1.0);
+    assert_eq!(
+        srv.metric("sluice_prefix_cache_entries"),
+        1.0,
+        "the short prompt's entry stays"
+    );
+    assert_eq!(srv.metric("sluice_prefix_cache_tokens_evicted_total"), 0.0);
+    assert!(srv.metric("sluice_prefix_cache_bytes") <= (1 << 20) as f64);
+    // It is still reused.
+    assert!(cached_tokens(&complete(&srv, short)) > 0);
+}
