@@ -55,7 +55,7 @@ impl Summary {
 pub fn summarize(logits: &[f32], n: usize) -> Summary {
     assert!(!logits.is_empty());
     let n = n.min(TOP_LOGPROBS_MAX).min(logits.len());
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = max_of(logits);
     let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
     let log_sum_exp = f64::from(max) + sum.ln();
 
@@ -110,5 +110,16 @@ mod tests {
         let logits = vec![0.0f32; 100];
         assert_eq!(summarize(&logits, 50).top.len(), TOP_LOGPROBS_MAX);
         assert!(summarize(&logits, 0).top.is_empty());
+    }
+
+    #[test]
+    fn the_largest_of_a_row_ignores_nan() {
+        let mut row: Vec<f32> = (0..100).map(|i| (i as f32 * 0.7).cos()).collect();
+        row[63] = 2.5;
+        row[17] = f32::NAN;
+        assert_eq!(max_of(&row), 2.5);
+        assert_eq!(max_of(&row[..5]), 1.0);
+        assert_eq!(max_of(&[]), f32::NEG_INFINITY);
+        assert_eq!(max_of(&[f32::NEG_INFINITY; 40]), f32::NEG_INFINITY);
     }
 }
