@@ -408,7 +408,8 @@ impl Engine {
     /// Runs one step of `plan`. Per sequence, its decode tokens and its prompt
     /// chunks go to llama.cpp in two passes: in one pass every sequence's
     /// attention spans as many cells as the deepest sequence's stream holds,
-    /// so streams decoding beside a long prompt would pay for its depth.
+    /// so streams decoding beside a long prompt would pay for its depth. A
+    /// chunk of one token no deeper than the decode tokens goes in their pass.
     fn step(&mut self, ctx: &mut Context, plan: &planner::Plan) {
         // An embedding request's chunks go in a pass of their own, the one
         // with embeddings on (every token of it is output).
@@ -419,10 +420,35 @@ impl Engine {
                     .is_some_and(|s| s.job.embed().is_some())
             });
         let n_decode = plan.n_decode();
-        let split =
-            self.cfg.kv_layout == KvLayout::PerSequence && n_decode > 0 && n_decode < rest.len();
+        let depth = |e: &planner::Entry| {
+            self.slots[e.slot]
+                .as_ref()
+                .expect("planned slot is active")
+                .n_past
+        };
+        let deepest_decode = rest
+            .iter()
+            .filter(|e| e.work == Work::Decode)
+            .map(|e| depth(e))
+            .max();
+        // Per sequence, a prompt chunk of one token no deeper than the
+        // decode pass rides in it (`planner::rides_decode_pass`); the cost
+        // model counts it as a decode token.
+        let riders: Vec<usize> = if self.cfg.kv_layout == KvLayout::PerSequence {
+            rest.iter()
+                .filter(|e| planner::rides_decode_pass(e.work, depth(e), deepest_decode))
+                .map(|e| e.slot)
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let split = self.cfg.kv_layout == KvLayout::PerSequence
+            && n_decode > 0
+            && n_decode + riders.len() < rest.len();
         let mut passes: Vec<(Vec<&planner::Entry>, bool)> = if split {
-            let (decode, prefill) = rest.into_iter().partition(|e| e.work == Work::Decode);
+            let (decode, prefill) = rest
+                .into_iter()
+                .partition(|e| e.work == Work::Decode || riders.contains(&e.slot));
             vec![(decode, false), (prefill, false)]
         } else if rest.is_empty() {
             Vec::new()
@@ -488,6 +514,8 @@ impl Engine {
         }
         ctx.set_embeddings(false);
         self.metrics.record_step(n_tokens, n_decode, took);
+        prefills.retain(|(slot, _)| !riders.contains(slot));
+        let n_decode = n_decode + riders.len();
         let chunks: Vec<Chunk> = prefills.iter().map(|&(_, c)| c).collect();
         self.metrics
             .record_step_forecast(self.cost.predict(n_decode, &chunks), took.as_secs_f64());
@@ -573,6 +601,7 @@ impl Engine {
             .filter_map(|&(slot, _, _)| self.slots[slot].as_ref())
             .map(|s| Arc::clone(s.job.cancel.raw()))
             .collect();
+        self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         if let Err(e) = ctx.decode_watching(&self.batch, &watch) {
             if e == ffi::DecodeError::Aborted {
                 self.metrics.decodes_aborted.fetch_add(1, Ordering::Relaxed);

@@ -180,6 +180,9 @@ pub struct Metrics {
     pub tokens_generated: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub steps: AtomicU64,
+    /// `llama_decode` calls: a step makes one for its decode tokens, one for
+    /// its prompt chunks (per-sequence KV) and one for embedding inputs.
+    pub passes: AtomicU64,
     pub step_tokens: AtomicU64,
     /// Steps that held decode tokens and a prefill chunk together.
     pub steps_mixed: AtomicU64,
@@ -254,6 +257,7 @@ impl Default for Metrics {
             tokens_generated: AtomicU64::new(0),
             prompt_tokens: AtomicU64::new(0),
             steps: AtomicU64::new(0),
+            passes: AtomicU64::new(0),
             step_tokens: AtomicU64::new(0),
             steps_mixed: AtomicU64::new(0),
             steps_whole_prompt: AtomicU64::new(0),

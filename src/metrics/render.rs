@@ -253,8 +253,14 @@ impl Metrics {
         counter(
             out,
             "sluice_steps_total",
-            "Engine steps (llama_decode calls).",
+            "Engine steps: the tokens of one plan, in one to three llama_decode calls.",
             l(&self.steps),
+        );
+        counter(
+            out,
+            "sluice_passes_total",
+            "llama_decode calls: per step, one for its decode tokens (with any one-token prompt chunk no deeper than they), one for its prompt chunks (per-sequence KV), one for embedding inputs.",
+            l(&self.passes),
         );
         counter(
             out,

@@ -467,6 +467,80 @@ fn parked_reused_and_saved(layout: &str) {
     );
 }
 
+/// Per sequence, a prompt whose prefix came back from the cache has one token
+/// left to compute. Beside a stream no shallower than it, that token rides in
+/// the stream's decode pass (one `llama_decode` for the step, not two) and
+/// gives the logits a fresh prefill gives; a prompt deeper than the stream's
+/// attention span gets a pass of its own.
+#[test]
+fn a_restored_prompts_last_token_rides_in_the_decode_pass_of_a_stream_as_deep() {
+    let srv = Server::start(&["--parallel", "3"]);
+    let body =
+        |prompt: &str| json!({"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1});
+    let short = long_prompt(8);
+    let long = long_prompt(60);
+    // Alone: prefilled whole, saved to the cache at once.
+    let fresh_short = complete(&srv, body(&short));
+    let n_short = prompt_tokens(&fresh_short);
+    assert!(n_short < 256, "short prompt has {n_short} tokens");
+    let fresh_long = complete(&srv, body(&long));
+    let n_long = prompt_tokens(&fresh_long);
+    assert!(n_long > 1024, "long prompt has {n_long} tokens");
+
+    // Each again beside a stream (read to its end on a thread of its own, so
+    // it never pauses) of at most 300 + 5 tokens: its attention spans 256
+    // or 512 cells, the short prompt's 256, the long one's over 1,024.
+    // Counted from idle to idle: every step recorded, each pass counted.
+    let again = |prompt: &str| {
+        let steps = srv.metric("sluice_steps_total");
+        let passes = srv.metric("sluice_passes_total");
+        let mixed = srv.metric("sluice_steps_mixed_total");
+        let mut stream = Sse::open(
+            srv.addr,
+            "/v1/completions",
+            &json!({"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": true,
+                    "temperature": 0, "stream": true}),
+        );
+        assert_eq!(stream.status, 200);
+        assert!(stream.next_json().is_some(), "the stream's first token");
+        let reader = std::thread::spawn(move || while stream.next_json().is_some() {});
+        let v = complete(&srv, body(prompt));
+        reader.join().expect("stream reader");
+        wait_until(Duration::from_secs(120), "the engine to go idle", || {
+            srv.metric("sluice_sequences_active") == 0.0
+        });
+        let d = |name: &str, before: f64| srv.metric(name) - before;
+        (
+            v,
+            d("sluice_steps_total", steps),
+            d("sluice_passes_total", passes),
+            d("sluice_steps_mixed_total", mixed),
+        )
+    };
+
+    let (v, steps, passes, mixed) = again(&short);
+    assert_eq!(cached_tokens(&v), n_short - 1);
+    assert_eq!(
+        mixed, 1.0,
+        "the short prompt's token came beside the stream"
+    );
+    assert_eq!(
+        passes, steps,
+        "{steps} steps, {passes} passes: the short prompt's token rode in the decode pass"
+    );
+    compare(&scored(&fresh_short), &scored(&v), 0).check("a token in the decode pass");
+
+    let (v, steps, passes, mixed) = again(&long);
+    assert_eq!(cached_tokens(&v), n_long - 1);
+    assert_eq!(mixed, 1.0, "the long prompt's token came beside the stream");
+    assert_eq!(
+        passes,
+        steps + 1.0,
+        "{steps} steps, {passes} passes: the long prompt's token had a pass of its own"
+    );
+    compare(&scored(&fresh_long), &scored(&v), 0).check("a deep token in its own pass");
+}
+
 #[test]
 fn n_choices_prefill_their_prompt_once_and_decode_as_a_fresh_prefill_would() {
     choices_share_the_prompt("per-seq");
