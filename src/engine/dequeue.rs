@@ -295,7 +295,8 @@ impl Engine {
         let cells = job.kv_cells();
         // Per sequence, parked cells are in a free slot's stream: a job that
         // reuses them starts there (no copy), and cuts what follows the shared
-        // prefix; another job starting there drops them.
+        // prefix; another job starting there puts them away first (saved
+        // when short enough, else dropped).
         let slot = match (source, self.parked_slot()) {
             (Some(Source::Parked), Some(parked)) => {
                 self.parked = None;
@@ -304,7 +305,7 @@ impl Engine {
                 parked
             }
             (_, Some(parked)) if parked == slot => {
-                self.drop_parked(ctx);
+                self.put_away_parked(ctx);
                 slot
             }
             _ => slot,

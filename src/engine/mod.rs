@@ -343,8 +343,8 @@ struct Engine {
     /// The sequence id the parked cells are on. Unified: the spare one,
     /// `cfg.parallel` (copied there by metadata). Per sequence: their own
     /// stream, that of a slot left free (a job that reuses them starts there;
-    /// another job starts there only when no other slot is free, and drops
-    /// them first).
+    /// another job starts there only when no other slot is free, and saves
+    /// or drops them first: `put_away_parked`).
     parked_seq: i32,
     /// Since when nothing has run or waited (`wait_for_work`).
     idle_since: Option<Instant>,

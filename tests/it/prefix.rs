@@ -353,9 +353,12 @@ fn a_sequence_keeps_its_logits_while_others_kv_is_freed_evicted_and_reused() {
             std::thread::spawn(move || {
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
-                    // Every other request repeats the one before (reuse); the
-                    // rest are new (their entries evict older ones).
-                    let prompt = format!("Client {c}, note {}.\n{}", i / 2, long_prompt(3));
+                    // Client 1 repeats every other request (reuse); client 0
+                    // sends only new ones, whose entries evict older ones
+                    // (a repeat takes its parked cells over in place, or its
+                    // entry out of the cache: it may save nothing new).
+                    let note = if c == 0 { i } else { i / 2 };
+                    let prompt = format!("Client {c}, note {note}.\n{}", long_prompt(3));
                     let body = json!({"prompt": prompt, "max_tokens": 4, "temperature": 0});
                     let r = post_json(addr, "/v1/completions", &body);
                     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
@@ -397,6 +400,61 @@ fn a_sequence_ending_beside_a_stream_is_parked_reused_in_place_and_saved_once_no
 #[test]
 fn unified_a_sequence_ending_beside_a_stream_is_parked_shared_in_place_and_saved_once_none_waits() {
     parked_reused_and_saved("unified");
+}
+
+/// Per sequence, a request that ends while a stream decodes is parked even
+/// when its save would be short (at the default ITL target): its cells stay
+/// in its stream, which no pass attends, and the same prompt again takes
+/// them over in place; nothing is copied out or back until no stream waits.
+#[test]
+fn per_seq_a_short_sequence_ending_beside_a_stream_is_parked_and_taken_over_without_a_copy() {
+    let srv = Server::start(&["--parallel", "3"]);
+    let prompt = long_prompt(8);
+    let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    // A stream of 300 tokens, read to its end on a thread of its own (it
+    // never pauses); the requests beside it take a few steps each.
+    let mut stream = Sse::open(
+        srv.addr,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": true,
+                "temperature": 0, "stream": true}),
+    );
+    assert_eq!(stream.status, 200);
+    assert!(stream.next_json().is_some(), "the stream's first token");
+    let reader = std::thread::spawn(move || while stream.next_json().is_some() {});
+
+    let first = complete(&srv, body.clone());
+    let n_prompt = prompt_tokens(&first);
+    assert_eq!(cached_tokens(&first), 0);
+    assert!(
+        srv.metric("sluice_prefix_cache_parked_tokens") >= n_prompt as f64,
+        "the request that ended beside the stream is parked"
+    );
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 0.0, "not saved");
+
+    let prefilled = srv.metric("sluice_prefill_tokens_total");
+    let second = complete(&srv, body);
+    assert_eq!(cached_tokens(&second), n_prompt - 1, "taken over in place");
+    assert_eq!(srv.metric("sluice_prefill_tokens_total") - prefilled, 1.0);
+    assert_eq!(first["choices"][0]["text"], second["choices"][0]["text"]);
+    assert!(srv.metric("sluice_prefix_cache_parked_tokens") >= n_prompt as f64);
+    assert_eq!(
+        srv.metric("sluice_prefix_cache_entries"),
+        0.0,
+        "nothing copied out"
+    );
+
+    // The stream ends: with no stream waiting, both sequences are saved
+    // (the parked one at the first quiet turn).
+    reader.join().expect("stream reader");
+    wait_until(
+        Duration::from_secs(120),
+        "the parked sequence to be saved",
+        || {
+            srv.metric("sluice_prefix_cache_parked_tokens") == 0.0
+                && srv.metric("sluice_prefix_cache_entries") == 2.0
+        },
+    );
 }
 
 fn parked_reused_and_saved(layout: &str) {
