@@ -18,6 +18,7 @@ pub mod codel;
 pub mod cost;
 mod dequeue;
 mod kv;
+mod passes;
 mod seq;
 
 pub mod logprobs;
@@ -411,53 +412,14 @@ impl Engine {
     /// so streams decoding beside a long prompt would pay for its depth. A
     /// chunk of one token no deeper than the decode tokens goes in their pass.
     fn step(&mut self, ctx: &mut Context, plan: &planner::Plan) {
-        // An embedding request's chunks go in a pass of their own, the one
-        // with embeddings on (every token of it is output).
-        let (embeds, rest): (Vec<&planner::Entry>, Vec<&planner::Entry>) =
-            plan.entries.iter().partition(|e| {
-                self.slots[e.slot]
-                    .as_ref()
-                    .is_some_and(|s| s.job.embed().is_some())
-            });
         let n_decode = plan.n_decode();
-        let depth = |e: &planner::Entry| {
-            self.slots[e.slot]
-                .as_ref()
-                .expect("planned slot is active")
-                .n_past
-        };
-        let deepest_decode = rest
-            .iter()
-            .filter(|e| e.work == Work::Decode)
-            .map(|e| depth(e))
-            .max();
-        // Per sequence, a prompt chunk of one token no deeper than the
-        // decode pass rides in it (`planner::rides_decode_pass`); the cost
-        // model counts it as a decode token.
-        let riders: Vec<usize> = if self.cfg.kv_layout == KvLayout::PerSequence {
-            rest.iter()
-                .filter(|e| planner::rides_decode_pass(e.work, depth(e), deepest_decode))
-                .map(|e| e.slot)
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let split = self.cfg.kv_layout == KvLayout::PerSequence
-            && n_decode > 0
-            && n_decode + riders.len() < rest.len();
-        let mut passes: Vec<(Vec<&planner::Entry>, bool)> = if split {
-            let (decode, prefill) = rest
-                .into_iter()
-                .partition(|e| e.work == Work::Decode || riders.contains(&e.slot));
-            vec![(decode, false), (prefill, false)]
-        } else if rest.is_empty() {
-            Vec::new()
-        } else {
-            vec![(rest, false)]
-        };
-        if !embeds.is_empty() {
-            passes.push((embeds, true));
-        }
+        let seq = |slot: usize| self.slots[slot].as_ref().expect("planned slot is active");
+        let passes::Passes { passes, riders } = passes::passes(
+            plan,
+            self.cfg.kv_layout == KvLayout::PerSequence,
+            |slot| seq(slot).job.embed().is_some(),
+            |slot| seq(slot).n_past,
+        );
         let mut took = Duration::ZERO;
         let mut n_tokens = 0;
         self.kv_written = true;

@@ -102,33 +102,6 @@ impl Plan {
     }
 }
 
-/// Cells llama.cpp's attention spans for a stream holding `cells`: it pads
-/// the span to a multiple of 256 (`llama_kv_cache::get_n_kv`), and in one pass
-/// every sequence attends as far as the deepest one's padded span.
-pub const ATTENTION_SPAN_PAD: usize = 256;
-
-fn attention_span(cells: usize) -> usize {
-    cells.div_ceil(ATTENTION_SPAN_PAD).max(1) * ATTENTION_SPAN_PAD
-}
-
-/// Whether a prompt chunk rides in the decode tokens' pass (per-sequence KV,
-/// where decode tokens and prompt chunks otherwise go in two passes): only a
-/// chunk of one token (a prompt whose prefix came back from the prefix cache
-/// or from its first choice, its last token left to compute for logits) that
-/// extends its stream no deeper than the span the decode pass attends anyway.
-/// Such a token costs what a decode token costs; in a pass of its own it
-/// reads all the weights again for one token. `depth` is the chunk's first
-/// position, `deepest_decode` the largest position a decode token of the step
-/// takes (`None`: nothing decodes, there is no decode pass).
-pub fn rides_decode_pass(work: Work, depth: usize, deepest_decode: Option<usize>) -> bool {
-    match (work, deepest_decode) {
-        (Work::Prefill { n_tokens: 1 }, Some(deepest)) => {
-            attention_span(depth + 1) <= attention_span(deepest + 1)
-        }
-        _ => false,
-    }
-}
-
 /// Plans one step under `step_tokens_max`.
 ///
 /// Precondition (asserted at start-up, repeated here): the budget is at least the
@@ -612,26 +585,5 @@ mod tests {
         assert!((pace_slack_s(0.3, 3, 0.150) - 0.15).abs() < 1e-9);
         // Behind: 10 tokens in 2 s at 150 ms.
         assert!(pace_slack_s(2.0, 10, 0.150) < 0.0);
-    }
-
-    #[test]
-    fn only_a_one_token_chunk_no_deeper_than_the_decode_pass_rides_in_it() {
-        let one = Work::Prefill { n_tokens: 1 };
-        // A restored 200-token prompt beside streams 300 tokens deep.
-        assert!(rides_decode_pass(one, 199, Some(300)));
-        // Deeper, but within the span the decode pass pads to anyway.
-        assert!(rides_decode_pass(one, 250, Some(100)));
-        assert!(rides_decode_pass(one, 511, Some(300)));
-        // Past it: every stream would attend its depth.
-        assert!(!rides_decode_pass(one, 512, Some(300)));
-        assert!(!rides_decode_pass(one, 6_000, Some(300)));
-        // More than one token, a decode token itself, or no decode pass.
-        assert!(!rides_decode_pass(
-            Work::Prefill { n_tokens: 2 },
-            10,
-            Some(300)
-        ));
-        assert!(!rides_decode_pass(Work::Decode, 10, Some(300)));
-        assert!(!rides_decode_pass(one, 10, None));
     }
 }

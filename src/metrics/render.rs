@@ -211,6 +211,12 @@ impl Metrics {
             "Engine steps stopped mid-pass because every sequence in them was cancelled.",
             l(&self.decodes_aborted),
         );
+        counter(
+            out,
+            "sluice_passes_total",
+            "llama_decode calls: per step, one for its decode tokens (with any one-token prompt chunk no deeper than they), one for its prompt chunks (per-sequence KV), one for embedding inputs.",
+            l(&self.passes),
+        );
     }
 
     /// Failures, drops, shedding, tokens and the engine's steps and gauges.
@@ -255,12 +261,6 @@ impl Metrics {
             "sluice_steps_total",
             "Engine steps: the tokens of one plan, in one to three llama_decode calls.",
             l(&self.steps),
-        );
-        counter(
-            out,
-            "sluice_passes_total",
-            "llama_decode calls: per step, one for its decode tokens (with any one-token prompt chunk no deeper than they), one for its prompt chunks (per-sequence KV), one for embedding inputs.",
-            l(&self.passes),
         );
         counter(
             out,

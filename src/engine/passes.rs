@@ -1,0 +1,156 @@
+//! A step's `llama_decode` passes. Per-sequence KV, a step beside decoding
+//! streams makes two: in one pass every sequence attends as deep as the
+//! deepest stream in it, so decode tokens go apart from prompt chunks, but
+//! for a one-token chunk (a restored prompt's last token) no deeper than the
+//! decode tokens' padded span, which rides with them. An embedding request's
+//! chunks always go in a pass of their own, with embeddings on.
+
+use super::planner::{Entry, Plan, Work};
+
+/// Cells llama.cpp's attention spans for a stream holding `cells`: it pads
+/// the span to a multiple of 256 (`llama_kv_cache::get_n_kv`), and in one pass
+/// every sequence attends as far as the deepest one's padded span.
+pub const ATTENTION_SPAN_PAD: usize = 256;
+
+fn attention_span(cells: usize) -> usize {
+    cells.div_ceil(ATTENTION_SPAN_PAD).max(1) * ATTENTION_SPAN_PAD
+}
+
+/// Whether a prompt chunk rides in the decode tokens' pass (per-sequence KV,
+/// where decode tokens and prompt chunks otherwise go in two passes): only a
+/// chunk of one token (a prompt whose prefix came back from the prefix cache
+/// or from its first choice, its last token left to compute for logits) that
+/// extends its stream no deeper than the span the decode pass attends anyway.
+/// Such a token costs what a decode token costs; in a pass of its own it
+/// reads all the weights again for one token. `depth` is the chunk's first
+/// position, `deepest_decode` the largest position a decode token of the step
+/// takes (`None`: nothing decodes, there is no decode pass).
+pub fn rides_decode_pass(work: Work, depth: usize, deepest_decode: Option<usize>) -> bool {
+    match (work, deepest_decode) {
+        (Work::Prefill { n_tokens: 1 }, Some(deepest)) => {
+            attention_span(depth + 1) <= attention_span(deepest + 1)
+        }
+        _ => false,
+    }
+}
+
+/// A step's `llama_decode` passes: each with whether it runs with embeddings
+/// on, and the slots of the prompt chunks that ride in the decode pass.
+pub struct Passes<'p> {
+    pub passes: Vec<(Vec<&'p Entry>, bool)>,
+    pub riders: Vec<usize>,
+}
+
+/// Splits `plan` into passes. An embedding request's chunks go in a pass of
+/// their own, the one with embeddings on (every token of it is output). Per
+/// sequence (`per_seq`), decode tokens and prompt chunks go in two passes,
+/// since in one pass every sequence attends as deep as the deepest stream
+/// in it; a chunk that `rides_decode_pass` goes in the decode tokens' (the
+/// cost model counts it as a decode token). `depth` is a slot's next
+/// position.
+pub fn passes<'p>(
+    plan: &'p Plan,
+    per_seq: bool,
+    embeds: impl Fn(usize) -> bool,
+    depth: impl Fn(usize) -> usize,
+) -> Passes<'p> {
+    let (embeds, rest): (Vec<&Entry>, Vec<&Entry>) =
+        plan.entries.iter().partition(|e| embeds(e.slot));
+    let n_decode = rest.iter().filter(|e| e.work == Work::Decode).count();
+    let deepest_decode = rest
+        .iter()
+        .filter(|e| e.work == Work::Decode)
+        .map(|e| depth(e.slot))
+        .max();
+    let riders: Vec<usize> = rest
+        .iter()
+        .filter(|e| per_seq && rides_decode_pass(e.work, depth(e.slot), deepest_decode))
+        .map(|e| e.slot)
+        .collect();
+    let mut passes = if per_seq && n_decode > 0 && n_decode + riders.len() < rest.len() {
+        let (decode, prefill) = rest
+            .into_iter()
+            .partition(|e| e.work == Work::Decode || riders.contains(&e.slot));
+        vec![(decode, false), (prefill, false)]
+    } else if rest.is_empty() {
+        Vec::new()
+    } else {
+        vec![(rest, false)]
+    };
+    if !embeds.is_empty() {
+        passes.push((embeds, true));
+    }
+    Passes { passes, riders }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_one_token_chunk_no_deeper_than_the_decode_pass_rides_in_it() {
+        let one = Work::Prefill { n_tokens: 1 };
+        // A restored 200-token prompt beside streams 300 tokens deep.
+        assert!(rides_decode_pass(one, 199, Some(300)));
+        // Deeper, but within the span the decode pass pads to anyway.
+        assert!(rides_decode_pass(one, 250, Some(100)));
+        assert!(rides_decode_pass(one, 511, Some(300)));
+        // Past it: every stream would attend its depth.
+        assert!(!rides_decode_pass(one, 512, Some(300)));
+        assert!(!rides_decode_pass(one, 6_000, Some(300)));
+        // More than one token, a decode token itself, or no decode pass.
+        assert!(!rides_decode_pass(
+            Work::Prefill { n_tokens: 2 },
+            10,
+            Some(300)
+        ));
+        assert!(!rides_decode_pass(Work::Decode, 10, Some(300)));
+        assert!(!rides_decode_pass(one, 10, None));
+    }
+
+    #[test]
+    fn passes_put_a_rider_with_the_decode_tokens_and_the_rest_apart() {
+        let plan = Plan {
+            entries: vec![
+                Entry {
+                    slot: 0,
+                    work: Work::Decode,
+                },
+                Entry {
+                    slot: 1,
+                    work: Work::Prefill { n_tokens: 1 },
+                },
+                Entry {
+                    slot: 2,
+                    work: Work::Prefill { n_tokens: 40 },
+                },
+                Entry {
+                    slot: 3,
+                    work: Work::Prefill { n_tokens: 8 },
+                },
+            ],
+        };
+        // Slot 3 is an embedding request; slot 1 a restored prompt as deep as
+        // slot 0's stream.
+        let depth = |slot: usize| [300, 200, 0, 0][slot];
+        let p = passes(&plan, true, |slot| slot == 3, depth);
+        let slots = |i: usize| p.passes[i].0.iter().map(|e| e.slot).collect::<Vec<_>>();
+        assert_eq!(p.passes.len(), 3);
+        assert_eq!((slots(0), p.passes[0].1), (vec![0, 1], false));
+        assert_eq!((slots(1), p.passes[1].1), (vec![2], false));
+        assert_eq!((slots(2), p.passes[2].1), (vec![3], true));
+        assert_eq!(p.riders, vec![1]);
+        // Unified: one pass for all but the embedding, no riders.
+        let p = passes(&plan, false, |slot| slot == 3, depth);
+        assert_eq!(p.passes.len(), 2);
+        assert_eq!(p.passes[0].0.len(), 3);
+        assert!(p.riders.is_empty());
+        // Nothing deeper than its span: the rider alone with the decode token.
+        let only = Plan {
+            entries: plan.entries[..2].to_vec(),
+        };
+        let p = passes(&only, true, |_| false, depth);
+        assert_eq!(p.passes.len(), 1);
+        assert_eq!(p.riders, vec![1]);
+    }
+}
