@@ -298,12 +298,7 @@ impl Engine {
         // prefix; another job starting there puts them away first (saved
         // when short enough, else dropped).
         let slot = match (source, self.parked_slot()) {
-            (Some(Source::Parked), Some(parked)) => {
-                self.parked = None;
-                self.queue.prefix_ended(parked);
-                ctx.truncate_sequence(parked as i32, reuse as i32);
-                parked
-            }
+            (Some(Source::Parked), Some(_)) => self.take_over_parked(ctx, reuse),
             (_, Some(parked)) if parked == slot => {
                 self.put_away_parked(ctx);
                 slot
@@ -321,7 +316,12 @@ impl Engine {
             ctx.share_cells(self.parked_seq, seq_id, 0, reuse as i32);
         }
         if self.kv_cells_reserved + cells.max(restoring) + self.parked_cells() > self.cfg.n_ctx {
-            self.drop_parked(ctx);
+            // Saving them might evict the entry about to be restored.
+            if restoring > 0 {
+                self.drop_parked(ctx);
+            } else {
+                self.put_away_parked(ctx);
+            }
         }
         self.kv_cells_reserved += cells;
         if job.class == Class::Batch {

@@ -6,6 +6,10 @@ use super::*;
 /// Longest stall a save may cause beside running streams, as a share of the
 /// ITL target; a longer one is put off (the cells parked).
 const SAVE_STALL_SHARE_MAX: f64 = 0.5;
+/// Per sequence, how long the engine has had nothing to do before the parked
+/// sequence is saved: a client that sends its next request at once (a closed
+/// loop, an agent's next call, a retry) finds the cells in place first.
+const PARKED_SAVE_IDLE_MS: u64 = 100;
 /// Weight of the newest measurement in the save cost's running mean.
 const SAVE_COST_WEIGHT: f64 = 0.5;
 /// Saves of sequences in fewer runs than this do not teach the cost of a run:
@@ -75,17 +79,14 @@ impl Engine {
         }
     }
 
-    /// Makes the parked sequence's stream free for another: saves it into the
-    /// prefix cache when that stalls the streams no longer than a save at its
-    /// end would have (`SAVE_STALL_SHARE_MAX`), else frees it unsaved.
+    /// Makes the parked sequence's cells free for another: saves it into the
+    /// prefix cache unless that would stall decoding streams longer than
+    /// `SAVE_STALL_SHARE_MAX` of the ITL target, else frees it unsaved.
     pub(super) fn put_away_parked(&mut self, ctx: &mut Context) {
         let Some(tokens) = self.parked.take() else {
             return;
         };
-        let stall_s = self
-            .save_s_per_run
-            .map_or(0.0, |s| s * self.parked_runs.0 as f64);
-        if stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64() {
+        if self.parked_save_stalls() {
             self.parked = Some(tokens);
             self.drop_parked(ctx);
         } else {
@@ -94,10 +95,50 @@ impl Engine {
         }
     }
 
-    /// Saves the parked sequence into the prefix cache once no stream is
-    /// waiting for a token (the copy then delays only prompts).
+    /// Whether saving the parked sequence now would stall decoding streams
+    /// longer than `SAVE_STALL_SHARE_MAX` of the ITL target.
+    fn parked_save_stalls(&self) -> bool {
+        let stall_s = self
+            .save_s_per_run
+            .map_or(0.0, |s| s * self.parked_runs.0 as f64);
+        stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64()
+            && self.slots.iter().flatten().any(Seq::is_decoding)
+    }
+
+    /// Per sequence, the parked sequence's stream is taken over in place by a
+    /// job that reuses its first `reuse` tokens; the rest is cut. When that
+    /// keeps less than half of its tokens (another prompt sharing only a
+    /// system prompt, or a short prompt that a long one extended), the whole
+    /// is saved first, unless that would stall the streams: a client that
+    /// comes back to it finds it in the cache. A re-sent prompt keeps its
+    /// prompt and loses only its answer, uncopied.
+    pub(super) fn take_over_parked(&mut self, ctx: &mut Context, reuse: usize) -> usize {
+        let slot = self.parked_seq;
+        if let Some(tokens) = self.parked.take() {
+            if reuse * 2 < tokens.len() && !self.parked_save_stalls() {
+                self.save_into_cache(ctx, slot, tokens, self.parked_runs);
+            }
+        }
+        self.queue.prefix_ended(slot as usize);
+        ctx.truncate_sequence(slot, reuse as i32);
+        slot as usize
+    }
+
+    /// Saves the parked sequence into the prefix cache once nothing waits for
+    /// the copy: unified, once no stream waits for a token (the copy then
+    /// delays only prompts); per sequence, once the engine has had nothing to
+    /// do for `PARKED_SAVE_IDLE_MS`.
     pub(super) fn save_parked_when_quiet(&mut self, ctx: &mut Context) {
-        if self.parked.is_none() || self.slots.iter().flatten().any(Seq::is_decoding) {
+        if self.parked.is_none() {
+            return;
+        }
+        let quiet = match self.cfg.kv_layout {
+            KvLayout::Unified => !self.slots.iter().flatten().any(Seq::is_decoding),
+            KvLayout::PerSequence => self
+                .idle_since
+                .is_some_and(|t| t.elapsed() >= Duration::from_millis(PARKED_SAVE_IDLE_MS)),
+        };
+        if !quiet {
             return;
         }
         let tokens = self.parked.take().expect("parked");
@@ -144,14 +185,15 @@ impl Engine {
         // once: parked cells lengthen every step's attention (at 4 clients,
         // parking every finished request raised the time to first token from
         // ~270 to ~340 ms). Per sequence, parked cells cost the streams
-        // nothing (no pass attends a free slot's stream), so beside decoding
-        // streams a sequence is always parked: a client that sends the same
-        // prompt again (a retry, the next turn) takes its cells over in place,
-        // where a save and a restore would each stall every stream (17-18 us
-        // a token on the 2-core Zen 4: ~3.4 ms each for a 190-token chat).
+        // nothing (no pass attends a free slot's stream), so a sequence is
+        // always parked: a client that sends its prompt again or extends it
+        // (a retry, an agent's next call) takes its cells over in place, where
+        // a save and a restore would each stall every stream and the request
+        // (17-18 us a token on the 2-core Zen 4: ~3.4 ms each for a
+        // 190-token chat).
         let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs.0 as f64);
         let too_long = stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64();
-        let park = others_decoding && (too_long || self.cfg.kv_layout == KvLayout::PerSequence);
+        let park = self.cfg.kv_layout == KvLayout::PerSequence || (others_decoding && too_long);
         // A state larger than the whole cache would be copied out (a stall
         // beside the streams, and that much memory past the cache's bound
         // for a moment) only to be dropped: with the default 96 MiB, a

@@ -137,7 +137,11 @@ fn a_second_turn_prefills_only_its_new_tokens() {
         srv.metric("sluice_prefix_cache_tokens_reused_total") - reused,
         cached as f64
     );
-    // Turn 2 covers turn 1: one entry, not two.
+    // Turn 2 covers turn 1: one entry, not two (per sequence, turn 2 took
+    // turn 1's cells over in place, and is saved once the engine is idle).
+    wait_until(Duration::from_secs(120), "turn 2 to be saved", || {
+        srv.metric("sluice_prefix_cache_parked_tokens") == 0.0
+    });
     assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0);
 }
 
@@ -199,7 +203,11 @@ fn one_request_can_use_the_whole_context_beside_cached_prefixes() {
             json!({"prompt": prompt, "max_tokens": 8, "temperature": 0}),
         );
     }
-    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 2.0);
+    // The second is saved once the engine is idle (per sequence it is
+    // parked first).
+    wait_until(Duration::from_secs(120), "both to be saved", || {
+        srv.metric("sluice_prefix_cache_entries") == 2.0
+    });
     // Prompt + max_tokens = the whole context.
     let prompt = long_prompt(40);
     let n_prompt = {
@@ -473,12 +481,15 @@ fn parked_reused_and_saved(layout: &str) {
     ]);
     let prompt = long_prompt(60);
     let body = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true});
-    // Alone: saved at once (nothing to stall).
+    // Alone: saved (unified at once; per sequence parked, then saved once
+    // the engine is idle).
     let first = complete(&srv, body.clone());
     let n_prompt = prompt_tokens(&first);
     assert!(n_prompt > 1000, "prompt has {n_prompt} tokens");
+    wait_until(Duration::from_secs(120), "the first to be saved", || {
+        srv.metric("sluice_prefix_cache_parked_tokens") == 0.0
+    });
     assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0);
-    assert_eq!(srv.metric("sluice_prefix_cache_parked_tokens"), 0.0);
 
     // A stream that runs far longer than the requests beside it (in steps:
     // each of them prefills one token and decodes 40; it decodes 1,000).
@@ -684,7 +695,11 @@ fn a_state_larger_than_the_whole_cache_is_never_copied_and_evicts_nothing() {
         "temperature": 0
     });
     complete(&srv, short.clone());
-    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0);
+    wait_until(
+        Duration::from_secs(120),
+        "the short prompt to be saved",
+        || srv.metric("sluice_prefix_cache_entries") == 1.0,
+    );
     assert_eq!(srv.metric("sluice_prefix_cache_too_large_total"), 0.0);
 
     let long = complete(
