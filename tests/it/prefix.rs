@@ -410,17 +410,9 @@ fn unified_a_sequence_ending_beside_a_stream_is_parked_shared_in_place_and_saved
     parked_reused_and_saved("unified");
 }
 
-/// Per sequence, a request that ends while a stream decodes is parked even
-/// when its save would be short (at the default ITL target): its cells stay
-/// in its stream, which no pass attends, and the same prompt again takes
-/// them over in place; nothing is copied out or back until no stream waits.
-#[test]
-fn per_seq_a_short_sequence_ending_beside_a_stream_is_parked_and_taken_over_without_a_copy() {
-    let srv = Server::start(&["--parallel", "3"]);
-    let prompt = long_prompt(8);
-    let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
-    // A stream of 300 tokens, read to its end on a thread of its own (it
-    // never pauses); the requests beside it take a few steps each.
+/// Opens a 300-token stream of a 4-token prompt, waits for its first token,
+/// and reads it to its end on a thread of its own (so it never pauses).
+fn stream_beside(srv: &Server) -> std::thread::JoinHandle<()> {
     let mut stream = Sse::open(
         srv.addr,
         "/v1/completions",
@@ -429,7 +421,20 @@ fn per_seq_a_short_sequence_ending_beside_a_stream_is_parked_and_taken_over_with
     );
     assert_eq!(stream.status, 200);
     assert!(stream.next_json().is_some(), "the stream's first token");
-    let reader = std::thread::spawn(move || while stream.next_json().is_some() {});
+    std::thread::spawn(move || while stream.next_json().is_some() {})
+}
+
+/// Per sequence, a request that ends while a stream decodes is parked even
+/// when its save would be short (at the default ITL target): its cells stay
+/// in its stream, which no pass attends, and the same prompt again takes
+/// them over in place; nothing is copied out or back while the stream runs.
+#[test]
+fn per_seq_a_short_sequence_ending_beside_a_stream_is_parked_and_taken_over_without_a_copy() {
+    let srv = Server::start(&["--parallel", "3"]);
+    let prompt = long_prompt(8);
+    let body = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    // A stream of 300 tokens; the requests beside it take a few steps each.
+    let reader = stream_beside(&srv);
 
     let first = complete(&srv, body.clone());
     let n_prompt = prompt_tokens(&first);
@@ -452,8 +457,8 @@ fn per_seq_a_short_sequence_ending_beside_a_stream_is_parked_and_taken_over_with
         "nothing copied out"
     );
 
-    // The stream ends: with no stream waiting, both sequences are saved
-    // (the parked one at the first quiet turn).
+    // The stream ends and is parked in turn: the one parked before it is
+    // saved, and the stream once the engine is idle.
     reader.join().expect("stream reader");
     wait_until(
         Duration::from_secs(120),
@@ -564,15 +569,7 @@ fn a_restored_prompts_last_token_rides_in_the_decode_pass_of_a_stream_as_deep() 
         let steps = srv.metric("sluice_steps_total");
         let passes = srv.metric("sluice_passes_total");
         let mixed = srv.metric("sluice_steps_mixed_total");
-        let mut stream = Sse::open(
-            srv.addr,
-            "/v1/completions",
-            &json!({"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": true,
-                    "temperature": 0, "stream": true}),
-        );
-        assert_eq!(stream.status, 200);
-        assert!(stream.next_json().is_some(), "the stream's first token");
-        let reader = std::thread::spawn(move || while stream.next_json().is_some() {});
+        let reader = stream_beside(&srv);
         let v = complete(&srv, body(prompt));
         reader.join().expect("stream reader");
         wait_until(Duration::from_secs(120), "the engine to go idle", || {
