@@ -1,7 +1,7 @@
 #!/bin/bash
 # conversation + closed fresh greedy c4: sluice on/q8_0 (a), sluice off/q8_0/f16 (b), llama
-cd /work/main
-out=$1; rounds=$2
+cd "$(dirname "$0")/../../../.."  # the repository root
+out=${1:?usage: run.sh OUT [ROUNDS]}; rounds=${2:-3}
 mkdir -p $out
 M=models/SmolLM2-135M-Instruct.Q4_1.gguf
 BIN=./target/release/sluice
@@ -12,7 +12,7 @@ ap=$!
 sleep 3
 $BIN serve --model $M --port 18142 --threads 2 --ctx 32768 --calibration-cache $out/calb.json --flash-attn off --kv-type q8_0/f16 2> $out/b.log &
 bp=$!
-/work/peer/build-native/bin/llama-server -m $M --host 127.0.0.1 --port 18141 -t 2 -tb 2 -c 32768 -np 4 2> $out/llama.log >/dev/null &
+${LLAMA_SERVER:-/work/peer/build-native/bin/llama-server} -m $M --host 127.0.0.1 --port 18141 -t 2 -tb 2 -c 32768 -np 4 2> $out/llama.log >/dev/null &
 lp=$!
 for u in 18140 18141 18142; do for i in $(seq 300); do curl -sf http://127.0.0.1:$u/health >/dev/null && break; sleep 0.2; done; done
 for r in $(seq $rounds); do
