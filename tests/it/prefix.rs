@@ -410,6 +410,18 @@ fn unified_a_sequence_ending_beside_a_stream_is_parked_shared_in_place_and_saved
     parked_reused_and_saved("unified");
 }
 
+/// Waits until no sequence is parked and the cache holds `entries` entries.
+fn wait_parked_saved(srv: &Server, entries: f64) {
+    wait_until(
+        Duration::from_secs(120),
+        "the parked sequence to be saved",
+        || {
+            srv.metric("sluice_prefix_cache_parked_tokens") == 0.0
+                && srv.metric("sluice_prefix_cache_entries") == entries
+        },
+    );
+}
+
 /// Opens a 300-token stream of a 4-token prompt, waits for its first token,
 /// and reads it to its end on a thread of its own (so it never pauses).
 fn stream_beside(srv: &Server) -> std::thread::JoinHandle<()> {
@@ -460,14 +472,7 @@ fn per_seq_a_short_sequence_ending_beside_a_stream_is_parked_and_taken_over_with
     // The stream ends and is parked in turn: the one parked before it is
     // saved, and the stream once the engine is idle.
     reader.join().expect("stream reader");
-    wait_until(
-        Duration::from_secs(120),
-        "the parked sequence to be saved",
-        || {
-            srv.metric("sluice_prefix_cache_parked_tokens") == 0.0
-                && srv.metric("sluice_prefix_cache_entries") == 2.0
-        },
-    );
+    wait_parked_saved(&srv, 2.0);
 }
 
 fn parked_reused_and_saved(layout: &str) {
@@ -531,14 +536,7 @@ fn parked_reused_and_saved(layout: &str) {
     // The stream leaves: with no stream waiting, the stream's sequence is
     // saved, and so is the parked one (which covers the first entry).
     drop(stream);
-    wait_until(
-        Duration::from_secs(120),
-        "the parked sequence to be saved",
-        || {
-            srv.metric("sluice_prefix_cache_parked_tokens") == 0.0
-                && srv.metric("sluice_prefix_cache_entries") == 2.0
-        },
-    );
+    wait_parked_saved(&srv, 2.0);
 }
 
 /// Per sequence, a prompt whose prefix came back from the cache has one token
