@@ -83,26 +83,32 @@ impl Engine {
     /// prefix cache unless that would stall decoding streams longer than
     /// `SAVE_STALL_SHARE_MAX` of the ITL target, else frees it unsaved.
     pub(super) fn put_away_parked(&mut self, ctx: &mut Context) {
-        let Some(tokens) = self.parked.take() else {
-            return;
-        };
         if self.parked_save_stalls() {
-            self.parked = Some(tokens);
             self.drop_parked(ctx);
         } else {
+            self.save_parked(ctx);
+        }
+    }
+
+    /// Saves the parked sequence (if any) into the prefix cache and frees it.
+    fn save_parked(&mut self, ctx: &mut Context) {
+        if let Some(tokens) = self.parked.take() {
             self.save_into_cache(ctx, self.parked_seq, tokens, self.parked_runs);
             self.clear_parked(ctx);
         }
     }
 
+    /// Whether a save of `runs` runs (or tokens) would stall the streams
+    /// longer than `SAVE_STALL_SHARE_MAX` of the ITL target.
+    fn save_too_long(&self, runs: usize) -> bool {
+        let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs as f64);
+        stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64()
+    }
+
     /// Whether saving the parked sequence now would stall decoding streams
     /// longer than `SAVE_STALL_SHARE_MAX` of the ITL target.
     fn parked_save_stalls(&self) -> bool {
-        let stall_s = self
-            .save_s_per_run
-            .map_or(0.0, |s| s * self.parked_runs.0 as f64);
-        stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64()
-            && self.slots.iter().flatten().any(Seq::is_decoding)
+        self.save_too_long(self.parked_runs.0) && self.slots.iter().flatten().any(Seq::is_decoding)
     }
 
     /// Per sequence, the parked sequence's stream is taken over in place by a
@@ -138,12 +144,9 @@ impl Engine {
                 .idle_since
                 .is_some_and(|t| t.elapsed() >= Duration::from_millis(PARKED_SAVE_IDLE_MS)),
         };
-        if !quiet {
-            return;
+        if quiet {
+            self.save_parked(ctx);
         }
-        let tokens = self.parked.take().expect("parked");
-        self.save_into_cache(ctx, self.parked_seq, tokens, self.parked_runs);
-        self.clear_parked(ctx);
     }
 
     /// Frees the parked sequence's cells and takes them out of the index.
@@ -191,9 +194,8 @@ impl Engine {
         // a save and a restore would each stall every stream and the request
         // (17-18 us a token on the 2-core Zen 4: ~3.4 ms each for a
         // 190-token chat).
-        let stall_s = self.save_s_per_run.map_or(0.0, |s| s * runs.0 as f64);
-        let too_long = stall_s > SAVE_STALL_SHARE_MAX * self.cfg.itl_target.as_secs_f64();
-        let park = self.cfg.kv_layout == KvLayout::PerSequence || (others_decoding && too_long);
+        let park = self.cfg.kv_layout == KvLayout::PerSequence
+            || (others_decoding && self.save_too_long(runs.0));
         // A state larger than the whole cache would be copied out (a stall
         // beside the streams, and that much memory past the cache's bound
         // for a moment) only to be dropped: with the default 96 MiB, a
