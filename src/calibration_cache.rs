@@ -10,7 +10,7 @@
 //! they always are), and the refined ones are kept again when sluice stops.
 //! The attention pairings are timed only by `sluice serve --calibrate-only`
 //! (the long measurement, ahead of time); until then a start uses the first
-//! candidate, which served short chats fastest on both CPUs measured. The
+//! candidate, never far from the fastest on any CPU measured. The
 //! timings are kept too, and each stop adds the tokens the engine served
 //! (with their depth): a later start chooses among the timed pairings by
 //! what they would have cost for those tokens (`engine::served`).

@@ -17,20 +17,23 @@ const CALIBRATION_PROMPT_TOKENS: usize = 128;
 const CALIBRATION_STEPS: usize = 16;
 
 /// The (flash attention, KV type) pairings `--calibrate-only` times, the
-/// first being the one a start takes untimed, and kept unless another is
-/// clearly faster (`attention_choice`).
+/// first being the one a start takes untimed, and kept unless another's worst
+/// timing against the best is clearly less bad (`attention_choice`).
 ///
-/// Flash attention with a q8_0 cache comes first: at a chat's depth it served
-/// the most tokens on both CPUs measured (a closed loop of 4 chat clients: on
-/// an AVX2 build 74-76 tok/s against 62-63 with flash attention off and K in
-/// q8_0, 69-71 with f16; with AMX kernels 172-188 against 150-151), in half
-/// the memory of f16. Deep contexts favour it off (a 64-token chunk 3,000
-/// tokens deep: 75 vs 108 tok/s on AVX2), K in q8_0 beside V in f16 (V is
-/// quantized only with flash attention). Then f16 either way.
+/// Flash attention off with K in q8_0 (V in f16: llama.cpp quantizes V only
+/// with flash attention) comes first: it is never far from the fastest, on
+/// every CPU measured. On a 2-core AMD EPYC (Zen 4), native and AVX2 builds,
+/// its worst timing against the best was 1.11x and 1.22x (a decode step 128
+/// tokens deep); flash attention on with a q8_0 cache decodes that step
+/// 10-18 % faster but prefills 1,024 deep 1.38-1.48x slower, and llama-bench
+/// on the AVX2 build prefilled 512 tokens 1,024 deep at 136 tok/s with it
+/// against 230 (`bench/results/2026-12-05-zen4-e`). Then off with f16, on with
+/// q8_0 (the chats' pairing: 17-22 % more tokens from 4 chat clients on an
+/// AVX2 build, in half the memory of f16), on with f16.
 pub fn attention_candidates(fa: FlashAttnSetting, kv: KvTypeSetting) -> Vec<(FlashAttn, KvType)> {
     let fa = match fa {
         FlashAttnSetting::Fixed(f) => vec![f],
-        FlashAttnSetting::Measure => vec![FlashAttn::On, FlashAttn::Off],
+        FlashAttnSetting::Measure => vec![FlashAttn::Off, FlashAttn::On],
     };
     fa.into_iter()
         .flat_map(|f| {
@@ -60,10 +63,10 @@ pub fn pairing_name((fa, kv): (FlashAttn, KvType)) -> String {
 /// Flash attention and the KV type, by timing each of `candidates` on this
 /// CPU and model: a decode step of each of the server's `parallel`
 /// sequences and a prefill chunk, at a short chat's depth and at a long
-/// one's (the mean of both judges), each in a context shaped as the
-/// server's, `base`, the pairings taking turns (`time_pairings`). The first
-/// candidate is the default; a later one is taken only if it is
-/// `FLASH_ATTN_GAIN_MIN` faster than the choice so far (`attention_choice`).
+/// one's, each in a context shaped as the server's, `base`, the pairings
+/// taking turns (`time_pairings`). The first candidate is the default;
+/// another is taken only if its worst timing against the best is
+/// `FLASH_ATTN_GAIN_MIN` less bad than the first's (`attention_choice`).
 /// The first candidate if the measurement fails. Also each candidate's
 /// timings by depth (none if it failed), which the calibration cache keeps
 /// for later starts to weigh by the tokens served (`engine::served`).
@@ -74,7 +77,7 @@ pub fn measure_attention(
     candidates: &[(FlashAttn, KvType)],
 ) -> ((FlashAttn, KvType), Vec<Vec<DepthTiming>>) {
     use engine::calibration::{
-        attention_choice, AttentionTiming, FLASH_ATTN_CHUNK_TOKENS, FLASH_ATTN_DEEP_TOKENS,
+        attention_choice, worst_ratios, FLASH_ATTN_CHUNK_TOKENS, FLASH_ATTN_DEEP_TOKENS,
         FLASH_ATTN_DEPTH_TOKENS,
     };
     let started = Instant::now();
@@ -96,16 +99,16 @@ pub fn measure_attention(
             return (candidates[0], Vec::new());
         }
     };
-    let means: Vec<AttentionTiming> = by_depth.iter().map(|t| AttentionTiming::mean(t)).collect();
-    let chosen = candidates[attention_choice(&means)];
+    let chosen = candidates[attention_choice(&by_depth)];
     let each: Vec<String> = candidates
         .iter()
         .zip(&by_depth)
-        .map(|(&c, t)| format!("{} {}", name(c), at_each_depth(t)))
+        .zip(worst_ratios(&by_depth))
+        .map(|((&c, t), worst)| format!("{} {} ({worst:.2}x)", name(c), at_each_depth(t)))
         .collect();
     let at: Vec<String> = depths.iter().map(usize::to_string).collect();
     crate::say!(
-        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depths {}, each counting alike; ms a token decoding {parallel} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk: {})",
+        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depths {}, judged by each pairing's worst timing against the best; ms a token decoding {parallel} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk, and that worst: {})",
         name(chosen),
         started.elapsed().as_secs_f64(),
         at.join(" and "),
@@ -227,7 +230,7 @@ mod tests {
         let m = (FlashAttnSetting::Measure, KvTypeSetting::Measure);
         assert_eq!(
             attention_candidates(m.0, m.1),
-            vec![(On, Q8_0), (On, F16), (Off, Q8K), (Off, F16)]
+            vec![(Off, Q8K), (Off, F16), (On, Q8_0), (On, F16)]
         );
         assert_eq!(
             attention_candidates(FlashAttnSetting::Fixed(Off), KvTypeSetting::Measure),
@@ -239,7 +242,7 @@ mod tests {
         );
         assert_eq!(
             attention_candidates(FlashAttnSetting::Measure, KvTypeSetting::Fixed(F16)),
-            vec![(On, F16), (Off, F16)]
+            vec![(Off, F16), (On, F16)]
         );
         // A quantized V cache never goes without flash attention.
         assert_eq!(

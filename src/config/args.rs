@@ -73,7 +73,7 @@ pub struct ServeArgs {
     pub prefix_cache_mb: usize,
     /// KV cache type: measure (what --calibrate-only timed fastest with the
     /// flash attention setting, kept in the calibration cache; until then
-    /// q8_0, or q8_0/f16 without flash attention), f16, q8_0/f16 (K in q8_0,
+    /// q8_0/f16, or q8_0 with flash attention on), f16, q8_0/f16 (K in q8_0,
     /// V in f16: 3/4 of the memory), or q8_0 (half the memory; needs flash
     /// attention) (default: measure)
     #[argh(
@@ -93,7 +93,7 @@ pub struct ServeArgs {
     pub kv_layout: KvLayout,
     /// flash attention: measure (what --calibrate-only timed faster on this
     /// machine, kept in the calibration cache, then what the tokens served
-    /// favour at later starts; until then on), off, on, or auto (llama.cpp
+    /// favour at later starts; until then off), off, on, or auto (llama.cpp
     /// decides: on for the CPU) (default: measure)
     #[argh(
         option,

@@ -2,8 +2,9 @@
 //! it cheapest.
 //!
 //! `--calibrate-only` times each flash attention/KV type pairing at a short
-//! chat's depth and at a long one's, and chooses with the two counting alike:
-//! it cannot know what this server will be asked. The engine counts what it
+//! chat's depth and at a long one's, and chooses the pairing whose worst
+//! timing against the best is least bad: it cannot know what this server
+//! will be asked. The engine counts what it
 //! computes: prompt tokens and decode tokens, and for each how deep in its
 //! sequence it is (the cells its attention reads). A stop keeps these counts
 //! beside the timings (`calibration_cache`), and the next start weighs the
