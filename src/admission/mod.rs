@@ -105,7 +105,8 @@ pub struct GenParams {
     /// Structured output: what the answer may be, token by token.
     pub constraint: Option<crate::grammar::Constraint>,
     pub stop: Vec<String>,
-    /// Keep generating past end-of-generation tokens (until `max_tokens`).
+    /// Generate exactly `max_tokens`: end-of-generation tokens are never
+    /// sampled (unless a constraint decides where the answer ends).
     pub ignore_eos: bool,
     /// Alternatives per position to report; `None` reports no log-probabilities.
     pub top_logprobs: Option<usize>,

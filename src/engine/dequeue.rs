@@ -368,11 +368,16 @@ impl Engine {
     ) -> Seq {
         let (sampler, stop) = match &mut job.task {
             Task::Generate(gen) => {
+                // A constraint decides where its answer ends; otherwise
+                // `ignore_eos` runs to max_tokens without ending the text.
+                let banned = (gen.ignore_eos && gen.constraint.is_none())
+                    .then(|| Arc::clone(&self.eog));
                 let sampler = sample::Sampler::new(
                     &gen.sampling,
                     &gen.penalties,
                     gen.constraint.take(),
                     self.model.eos(),
+                    banned,
                     &job.prompt,
                 );
                 (Some(sampler), gen.stop.clone())

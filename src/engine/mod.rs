@@ -250,6 +250,7 @@ pub fn run(
     let shutdown = ctx.abort_handle();
     let mut engine = Engine {
         shutdown,
+        eog: sample::eog_tokens(&model),
         model,
         slots: (0..cfg.parallel).map(|_| None).collect(),
         batch: Batch::new(cfg.n_batch),
@@ -321,6 +322,8 @@ struct Engine {
     /// running or queued is cancelled (running decodes abort through it too).
     shutdown: Arc<ffi::AbortWatch>,
     model: Arc<Model>,
+    /// The vocabulary's end-of-generation tokens, which `ignore_eos` bans.
+    eog: Arc<[Token]>,
     slots: Vec<Option<Seq>>,
     batch: Batch,
     /// The job at the head of each class's queue, taken out but not yet

@@ -23,14 +23,27 @@
 //! Before any of them, a request's `Penalties` (logit bias, presence,
 //! frequency and repetition penalties) change the row in place, touching only
 //! the tokens they name or the sequence has seen, and a structured-output
-//! `Constraint` sets every token it does not allow to minus infinity; without
-//! them the row is not touched. Reported log-probabilities are of the
-//! changed row.
+//! `Constraint` sets every token it does not allow to minus infinity, and
+//! `ignore_eos` sets the vocabulary's end-of-generation tokens to minus
+//! infinity (as llama.cpp's server does: the answer runs to `max_tokens`
+//! without ending its text and starting another turn, so that the text sent
+//! back in a conversation tokenizes as generated; put back once the token is
+//! picked); without them the row is not touched. Reported log-probabilities
+//! are of the changed row, but for `ignore_eos`'s ban: with it they are the
+//! model's, as scoring the answer again (`echo`) gives them.
 
 use crate::admission::Penalties;
-use crate::ffi::{self, Context, SamplingParams, Token};
+use crate::ffi::{self, Context, Model, SamplingParams, Token};
 use crate::grammar::Constraint;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+/// The vocabulary's end-of-generation tokens (end of text, end of turn).
+pub fn eog_tokens(model: &Model) -> Arc<[Token]> {
+    (0..model.n_vocab() as Token)
+        .filter(|&t| model.is_eog(t))
+        .collect()
+}
 
 /// A sequence's sampler: its penalties, then how it picks.
 pub struct Sampler {
@@ -39,6 +52,8 @@ pub struct Sampler {
     constraint: Option<Constraint>,
     /// End-of-sequence: what a failed constraint lets the sequence end with.
     eos: Option<Token>,
+    /// Tokens never sampled (`ignore_eos`: the end-of-generation ones).
+    banned: Option<Arc<[Token]>>,
 }
 
 enum Pick {
@@ -53,6 +68,7 @@ impl Sampler {
         penalties: &Penalties,
         constraint: Option<Constraint>,
         eos: Option<Token>,
+        banned: Option<Arc<[Token]>>,
         prompt: &[Token],
     ) -> Sampler {
         let pick = if p.temperature <= 0.0 {
@@ -68,6 +84,7 @@ impl Sampler {
             adjust,
             constraint,
             eos,
+            banned,
         }
     }
 
@@ -76,6 +93,10 @@ impl Sampler {
         if let Some(a) = &self.adjust {
             a.apply(ctx.logits_mut(batch, i));
         }
+        let unbanned = self
+            .banned
+            .as_ref()
+            .map(|banned| ban(ctx.logits_mut(batch, i), banned));
         if let Some(c) = &mut self.constraint {
             let row = ctx.logits_mut(batch, i);
             if let Err(e) = c.mask(row) {
@@ -93,6 +114,10 @@ impl Sampler {
             Pick::Softmax(s) => s.sample(ctx.logits(batch, i)),
             Pick::Chain(c) => c.sample(ctx, batch, i),
         };
+        if let Some(unbanned) = unbanned {
+            let row = ctx.logits_mut(batch, i);
+            unbanned.into_iter().for_each(|(t, l)| row[t] = l);
+        }
         if let Some(a) = &mut self.adjust {
             a.accept(token);
         }
@@ -104,6 +129,18 @@ impl Sampler {
         }
         token
     }
+}
+
+/// Sets `banned` tokens' logits to minus infinity; what they were, to put
+/// back once the token is picked.
+pub fn ban(row: &mut [f32], banned: &[Token]) -> Vec<(usize, f32)> {
+    banned
+        .iter()
+        .filter_map(|&t| {
+            let l = row.get_mut(t as usize)?;
+            Some((t as usize, std::mem::replace(l, f32::NEG_INFINITY)))
+        })
+        .collect()
 }
 
 /// Penalties and biases over one sequence's tokens.

@@ -630,3 +630,58 @@ fn a_template_that_renders_tools_gets_them_and_the_format_the_answer_is_held_to(
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn ignore_eos_runs_to_max_tokens_without_ending_the_text() {
+    // No prefix cache: every request below prefills its prompt afresh, so
+    // that greedy answers to the same prompt compute the same logits.
+    let srv = Server::start(&["--prefix-cache-mb", "0"]);
+    let ask = chat(
+        "Answer with one word: is the sky blue?",
+        json!({"max_tokens": 40}),
+    );
+    let answer = |body: &serde_json::Value| {
+        let r = srv.post("/v1/chat/completions", body);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.body_json();
+        let text = v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let finish = v["choices"][0]["finish_reason"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        (
+            text,
+            finish,
+            v["usage"]["completion_tokens"].as_u64().unwrap(),
+        )
+    };
+    // The test needs an answer that ends before max_tokens.
+    let (plain, finish, n) = answer(&ask);
+    assert_eq!(finish, "stop", "{plain:?}");
+    assert!(n < 40, "{n}");
+
+    // ignore_eos: 40 tokens, and none ends the text.
+    let mut ignoring = ask.clone();
+    ignoring["ignore_eos"] = json!(true);
+    let (text, finish, n) = answer(&ignoring);
+    assert_eq!((finish.as_str(), n), ("length", 40), "{text:?}");
+    assert!(text.starts_with(&plain), "{text:?} after {plain:?}");
+    // The same text as when the end-of-turn and end-of-text tokens are
+    // biased away: never sampled, not sampled and then skipped in the text.
+    let id = |special: &str| {
+        let t = srv
+            .post("/tokenize", &json!({"prompt": special}))
+            .body_json();
+        let ids = t["tokens"].as_array().expect("tokens").clone();
+        assert_eq!(ids.len(), 1, "{special} is one special token: {t}");
+        ids[0].as_u64().expect("id").to_string()
+    };
+    let mut biased = ask.clone();
+    biased["logit_bias"] = json!({id("<|im_end|>"): -100, id("<|endoftext|>"): -100});
+    let (expected, finish, n) = answer(&biased);
+    assert_eq!((finish.as_str(), n), ("length", 40), "{expected:?}");
+    assert_eq!(text, expected);
+}
