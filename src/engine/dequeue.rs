@@ -370,8 +370,8 @@ impl Engine {
             Task::Generate(gen) => {
                 // A constraint decides where its answer ends; otherwise
                 // `ignore_eos` runs to max_tokens without ending the text.
-                let banned = (gen.ignore_eos && gen.constraint.is_none())
-                    .then(|| Arc::clone(&self.eog));
+                let banned =
+                    (gen.ignore_eos && gen.constraint.is_none()).then(|| Arc::clone(&self.eog));
                 let sampler = sample::Sampler::new(
                     &gen.sampling,
                     &gen.penalties,

@@ -551,11 +551,22 @@ fn a_restored_prompts_last_token_rides_in_the_decode_pass_of_a_stream_as_deep() 
         |prompt: &str| json!({"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1});
     let short = long_prompt(8);
     let long = long_prompt(60);
-    // Alone: prefilled whole, saved to the cache at once.
+    // Alone: prefilled whole, parked, and saved once the engine is idle (not
+    // when the next request comes: beside the stream below, a save that
+    // would stall it too long, as on a busy box, frees the cells uncopied).
+    let parked_saved = || {
+        wait_until(
+            Duration::from_secs(120),
+            "the parked sequence saved",
+            || srv.metric("sluice_prefix_cache_parked_tokens") == 0.0,
+        )
+    };
     let fresh_short = complete(&srv, body(&short));
     let n_short = prompt_tokens(&fresh_short);
     assert!(n_short < 256, "short prompt has {n_short} tokens");
+    parked_saved();
     let fresh_long = complete(&srv, body(&long));
+    parked_saved();
     let n_long = prompt_tokens(&fresh_long);
     assert!(n_long > 1024, "long prompt has {n_long} tokens");
 
