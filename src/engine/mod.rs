@@ -567,6 +567,7 @@ impl Engine {
             .map(|s| Arc::clone(s.job.cancel.raw()))
             .collect();
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
+        let reused_before = ctx.graphs_reused();
         if let Err(e) = ctx.decode_watching(&self.batch, &watch) {
             if e == ffi::DecodeError::Aborted {
                 self.metrics.decodes_aborted.fetch_add(1, Ordering::Relaxed);
@@ -593,6 +594,10 @@ impl Engine {
             return None;
         }
         self.metrics.record_attention(count.prefill, count.decode);
+        self.metrics.graphs_reused.fetch_add(
+            ctx.graphs_reused().saturating_sub(reused_before),
+            Ordering::Relaxed,
+        );
         Some((placed, started.elapsed()))
     }
 

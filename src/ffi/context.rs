@@ -313,6 +313,15 @@ impl Context {
         result
     }
 
+    /// How many `llama_decode` passes reused the previous pass's compute graph
+    /// instead of building one (llama.cpp reuses it when the pass has the
+    /// same shape: tokens, sequences, outputs, attention span).
+    pub fn graphs_reused(&self) -> u64 {
+        // SAFETY: a live context; the call only reads its counters.
+        let data = unsafe { sys::llama_perf_context(self.ptr.as_ptr()) };
+        u64::try_from(data.n_reused).unwrap_or(0)
+    }
+
     /// The handle the main thread uses to stop the engine at the end of a drain.
     pub fn abort_handle(&self) -> Arc<AbortWatch> {
         Arc::clone(&self.abort)

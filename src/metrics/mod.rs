@@ -183,6 +183,9 @@ pub struct Metrics {
     /// `llama_decode` calls: a step makes one for its decode tokens, one for
     /// its prompt chunks (per-sequence KV) and one for embedding inputs.
     pub passes: AtomicU64,
+    /// Graph computations of `passes` (a pass computes one per llama.cpp
+    /// micro-batch) that reused the previous one's compute graph.
+    pub graphs_reused: AtomicU64,
     pub step_tokens: AtomicU64,
     /// Steps that held decode tokens and a prefill chunk together.
     pub steps_mixed: AtomicU64,
@@ -258,6 +261,7 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             passes: AtomicU64::new(0),
+            graphs_reused: AtomicU64::new(0),
             step_tokens: AtomicU64::new(0),
             steps_mixed: AtomicU64::new(0),
             steps_whole_prompt: AtomicU64::new(0),

@@ -217,6 +217,12 @@ impl Metrics {
             "llama_decode calls: per step, one for its decode tokens (with any one-token prompt chunk no deeper than they), one for its prompt chunks (per-sequence KV), one for embedding inputs.",
             l(&self.passes),
         );
+        counter(
+            out,
+            "sluice_graphs_reused_total",
+            "Graph computations of the llama_decode passes (one per micro-batch) that reused the previous one's compute graph instead of building it again (same tokens, sequences, outputs and attention span).",
+            l(&self.graphs_reused),
+        );
     }
 
     /// Failures, drops, shedding, tokens and the engine's steps and gauges.

@@ -145,6 +145,31 @@ fn series_of(text: &str) -> BTreeSet<String> {
     out
 }
 
+/// A lone stream's decode passes all have one shape (one token of one
+/// sequence, one output, the same 256-cell attention span), so llama.cpp
+/// reuses the compute graph of the one before instead of building it again:
+/// what the engine does between passes must not stop it.
+#[test]
+fn a_lone_streams_decode_passes_reuse_the_compute_graph() {
+    let srv = Server::start(&[]);
+    let passes = srv.metric("sluice_passes_total");
+    let reused = srv.metric("sluice_graphs_reused_total");
+    let r = srv.post("/v1/chat/completions", &chat_body(40));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.body_json()["usage"]["completion_tokens"], 40);
+    let (passes, reused) = (
+        srv.metric("sluice_passes_total") - passes,
+        srv.metric("sluice_graphs_reused_total") - reused,
+    );
+    // The prompt's pass and 39 decode passes; the first decode pass builds
+    // its graph (the prompt's had another shape), the later 38 reuse it.
+    assert!(passes >= 40.0, "{passes} passes");
+    assert!(
+        reused >= 38.0,
+        "{reused} of {passes} passes reused the graph"
+    );
+}
+
 #[test]
 fn metrics_keep_every_listed_name_type_and_label() {
     let listed: BTreeSet<String> = include_str!("metrics.txt")
