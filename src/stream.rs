@@ -13,9 +13,43 @@
 //! aborted mid-pass.
 
 use crate::ffi::Token;
+use crossbeam_channel::{Sender, TrySendError};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The engine's end of a request's channel, which wakes the handler thread
+/// waiting on it after each event it takes.
+///
+/// The handler does not block in the channel: crossbeam's blocking receive
+/// first spins and then yields the CPU a few times before it sleeps, and on a
+/// box whose every core runs a compute thread each of those yields lets the
+/// handler preempt one again, stalling the other compute threads at their
+/// next barrier, once per token per stream. The handler instead sleeps in
+/// `std::thread::park_timeout` (a futex, no spinning) after finding the
+/// channel empty, and the engine unparks it after each event.
+#[derive(Debug, Clone)]
+pub struct EventSender {
+    tx: Sender<Event>,
+    reader: std::thread::Thread,
+}
+
+impl EventSender {
+    /// `tx`, whose events `reader` waits for by parking.
+    pub fn new(tx: Sender<Event>, reader: std::thread::Thread) -> EventSender {
+        EventSender { tx, reader }
+    }
+
+    /// Sends `event` if the channel has room (never blocks), then wakes the
+    /// reader.
+    pub fn try_send(&self, event: Event) -> Result<(), TrySendError<Event>> {
+        let sent = self.tx.try_send(event);
+        if sent.is_ok() {
+            self.reader.unpark();
+        }
+        sent
+    }
+}
 
 /// Default capacity of a stream's channel, in tokens. Small on purpose: a slow
 /// reader pauses its own sequence instead of making the server buffer its output.
@@ -237,6 +271,32 @@ impl Pause {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_wakes_the_reader_parked_for_it() {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        let events = EventSender::new(tx, std::thread::current());
+        // Spend any unpark this thread already holds.
+        std::thread::park_timeout(Duration::ZERO);
+        let sender = std::thread::spawn(move || {
+            let first = events.try_send(Event::Started);
+            (first, events.try_send(Event::Started))
+        });
+        // Without the sender's unpark, the park lasts the whole minute.
+        let limit = Duration::from_secs(60);
+        let t0 = Instant::now();
+        while rx.is_empty() && t0.elapsed() < limit {
+            std::thread::park_timeout(limit);
+        }
+        assert!(t0.elapsed() < limit, "the reader was not woken");
+        let (first, second) = sender.join().expect("sender thread");
+        assert!(first.is_ok());
+        assert!(
+            matches!(second, Err(TrySendError::Full(Event::Started))),
+            "a full channel refuses, as crossbeam's"
+        );
+        assert_eq!(rx.try_recv(), Ok(Event::Started));
+    }
 
     #[test]
     fn the_first_cancel_reason_stays() {

@@ -48,7 +48,7 @@ use crate::embed::EmbedSpec;
 use crate::ffi::{SamplingParams, Token};
 use crate::metrics::Metrics;
 use crate::priority::Class;
-use crate::stream::{CancelFlag, CancelReason, Event};
+use crate::stream::{CancelFlag, CancelReason, EventSender};
 use crossbeam_channel::{bounded, Receiver, Sender, TrySendError};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -135,7 +135,7 @@ pub struct Job {
     /// The caller's deadline (`X-Request-Timeout`, capped by the server's
     /// ceiling): past it, the job is dropped before it costs a single FLOP.
     pub deadline: Option<Instant>,
-    pub events: Sender<Event>,
+    pub events: EventSender,
     /// Set by the handler when it stops waiting for this job.
     pub cancel: CancelFlag,
     /// Prompt tokens the handler found in the prefix cache when it admitted

@@ -12,7 +12,7 @@ use crate::admission::Job;
 use crate::auth;
 use crate::priority::Class;
 use crate::ratelimit::{ClientId, Limit, RateLimiter};
-use crate::stream::{CancelFlag, Event};
+use crate::stream::{CancelFlag, Event, EventSender};
 use crossbeam_channel::Receiver;
 use std::io::Read;
 use std::os::fd::OwnedFd;
@@ -177,16 +177,15 @@ impl<'a> Intake<'a> {
     }
 
     /// A job's events and cancel flag: the channel is bounded by
-    /// `--stream-buffer-tokens`.
-    pub(super) fn channel(
-        &self,
-    ) -> (
-        crossbeam_channel::Sender<Event>,
-        Receiver<Event>,
-        CancelFlag,
-    ) {
+    /// `--stream-buffer-tokens`, and its events wake this thread, which
+    /// waits for them (`reply::Waiter`).
+    pub(super) fn channel(&self) -> (EventSender, Receiver<Event>, CancelFlag) {
         let (tx, rx) = crossbeam_channel::bounded(self.state.cfg.stream_buffer_tokens);
-        (tx, rx, CancelFlag::default())
+        (
+            EventSender::new(tx, std::thread::current()),
+            rx,
+            CancelFlag::default(),
+        )
     }
 
     /// When a job of this request must have ended.

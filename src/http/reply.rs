@@ -16,7 +16,7 @@ use crate::priority::Class;
 use crate::stream::{
     CancelFlag, CancelReason, ErrorKind, Event, FinishReason, TokenLogprob, Usage,
 };
-use crossbeam_channel::{Receiver, Select, TryRecvError};
+use crossbeam_channel::{Receiver, TryRecvError};
 use serde_json::Value;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -146,12 +146,11 @@ impl Waiter {
             if let Some(t) = tick {
                 wait = wait.min(t - now);
             }
-            // Until one of them has an event (read at the top of the loop).
-            let mut sel = Select::new();
-            for &i in &open {
-                sel.recv(&self.rx[i]);
-            }
-            let _ = sel.ready_timeout(wait);
+            // Until the engine sends one of them an event (it unparks this
+            // thread, `EventSender`; read at the top of the loop). An unpark
+            // that came before this park makes it return at once, so none is
+            // missed; a stray one only costs another look at the channels.
+            std::thread::park_timeout(wait);
         }
     }
 
