@@ -36,6 +36,7 @@ impl Metrics {
         let mut out = String::new();
         self.render_requests(&mut out);
         self.render_prefill_and_cache(&mut out);
+        self.render_passes(&mut out);
         self.render_engine(&mut out, engine);
         self.render_classes(&mut out, static_gauges, class_gauges, limiter);
         self.render_latencies(&mut out);
@@ -205,6 +206,10 @@ impl Metrics {
             "Times the engine, idle with no KV cells held, gave the KV cache's pages back to the kernel.",
             l(&self.kv_pages_released),
         );
+    }
+
+    /// The engine's llama_decode passes: aborted, made, graphs reused.
+    fn render_passes(&self, out: &mut String) {
         counter(
             out,
             "sluice_decodes_aborted_total",
