@@ -49,6 +49,11 @@ impl EventSender {
         }
         sent
     }
+
+    /// Whether the channel holds as many events as it takes.
+    pub fn is_full(&self) -> bool {
+        self.tx.is_full()
+    }
 }
 
 /// Default capacity of a stream's channel, in tokens. Small on purpose: a slow

@@ -385,7 +385,7 @@ impl Engine {
             Task::Embed(_) => (None, Vec::new()),
         };
         Seq {
-            _slot: slot_hold,
+            slot_hold: Some(slot_hold),
             sampler,
             text: TextAssembler::new(stop),
             admitted: self.admitted,

@@ -118,8 +118,9 @@ pub struct EngineConfig {
 /// One admitted request, bound to a slot (= llama.cpp sequence id).
 struct Seq {
     job: Job,
-    /// Its slot in admission's count, given back when the sequence is dropped.
-    _slot: Slot,
+    /// Its slot in admission's count, given back when the sequence is dropped
+    /// or, when it completes, just before its `End` goes out (`flush`).
+    slot_hold: Option<Slot>,
     admitted: u64,
     /// From when its prompt, not yet prefilled, is overdue (`views`): its
     /// class's W_max after it got its slot, or `overdue_stretch` times its

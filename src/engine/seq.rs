@@ -163,6 +163,9 @@ impl Engine {
         let seq = self.slots[slot].as_ref().expect("finishing slot is active");
         self.queue
             .observe_request(seq.job.prompt.len() - seq.reused, seq.completion_tokens);
+        // What the request left behind (its cells parked or saved, the slot
+        // no longer active) is in the gauges before its client has the answer.
+        self.publish_gauges();
         self.flush(ctx, slot);
     }
 
@@ -192,6 +195,14 @@ impl Engine {
         let seq = self.slots[slot].as_mut().expect("flushing slot is active");
         let mut gone = false;
         while let Some(event) = seq.outbox.pop_front() {
+            // The answer's last event, which the channel has room for:
+            // admission learns that the slot is free first (its reports are
+            // applied in order), so a client that sends its next request as
+            // soon as it has this answer is judged with the slot counted
+            // free, as it will be when the engine next admits.
+            if seq.done && seq.outbox.is_empty() && !seq.job.events.is_full() {
+                seq.slot_hold = None;
+            }
             match seq.job.events.try_send(event) {
                 Ok(()) => {}
                 Err(TrySendError::Full(event)) => {
