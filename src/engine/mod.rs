@@ -426,6 +426,7 @@ impl Engine {
         );
         let mut took = Duration::ZERO;
         let mut n_tokens = 0;
+        let mut counted = false;
         self.kv_written = true;
         self.idle_since = None;
         let mut prefills: Vec<(usize, Chunk)> = Vec::new();
@@ -436,6 +437,12 @@ impl Engine {
                 return;
             };
             took += t;
+            if !counted {
+                // Before any of the step's tokens goes out.
+                self.metrics
+                    .count_step(n_decode > 0 && plan.n_tokens() > n_decode);
+                counted = true;
+            }
             n_tokens += self.batch.len();
             let counted = prefills.len();
             prefills.extend(
@@ -479,7 +486,7 @@ impl Engine {
             took += sampling.elapsed();
         }
         ctx.set_embeddings(false);
-        self.metrics.record_step(n_tokens, n_decode, took);
+        self.metrics.record_step(n_tokens, took);
         prefills.retain(|(slot, _)| !riders.contains(slot));
         let n_decode = n_decode + riders.len();
         let chunks: Vec<Chunk> = prefills.iter().map(|&(_, c)| c).collect();

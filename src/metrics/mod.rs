@@ -386,12 +386,19 @@ impl Metrics {
         self.request_time.class(class).observe(d);
     }
 
-    pub fn record_step(&self, tokens: usize, decode_tokens: usize, d: Duration) {
+    /// A step whose first pass ran: counted before any of its tokens goes
+    /// out, so a client that reads the metrics after its answer finds the
+    /// step that made it. `mixed`: it held decode tokens and a prompt chunk.
+    pub fn count_step(&self, mixed: bool) {
         self.steps.fetch_add(1, Ordering::Relaxed);
-        self.step_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
-        if decode_tokens > 0 && tokens > decode_tokens {
+        if mixed {
             self.steps_mixed.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// A counted step's tokens and time, once it ran.
+    pub fn record_step(&self, tokens: usize, d: Duration) {
+        self.step_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
         self.step_time.observe(d);
     }
 
