@@ -152,6 +152,9 @@ impl Engine {
     /// Frees the parked sequence's cells and takes them out of the index.
     pub(super) fn clear_parked(&mut self, ctx: &mut Context) {
         ctx.clear_sequence(self.parked_seq);
+        // A save just made goes to admission first: a prompt judged between
+        // the two reports finds its prefix in the cache, not nowhere.
+        self.report_prefixes();
         self.queue.prefix_ended(self.parked_seq as usize);
     }
 
