@@ -109,8 +109,8 @@ pub struct ServeArgs {
     /// prefilled whole in one step (its first token at once, not after many
     /// chunks), taken only while every stream keeps its k-th token within k
     /// --itl-target-ms and one such pause of its first; 0 chunks every prompt
-    /// under the target (default: 1000)
-    #[argh(option, default = "1000")]
+    /// under the target (default: 3000)
+    #[argh(option, default = "3000")]
     pub itl_max_ms: u64,
     /// a prompt that has held its slot this many times its prefill's
     /// forecast (and at least its class's W_max) without its first token goes

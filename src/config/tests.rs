@@ -12,6 +12,18 @@ fn config(args: &[&str]) -> Config {
 }
 
 #[test]
+fn a_short_prompt_may_pause_the_streams_three_seconds_by_default() {
+    // On a 2-core Zen 1 a 20-200-token prompt beside three streams takes
+    // 1-2.5 s: under a 1 s pause every one of them went in small chunks, and
+    // a 4-client loop served 2-16 % fewer tokens per second (README,
+    // "Continuous batching").
+    let c = config(&[]);
+    assert_eq!(c.itl_max, Duration::from_secs(3));
+    assert_eq!(c.itl_target, Duration::from_millis(150));
+    assert_eq!(config(&["--itl-max-ms", "0"]).itl_max, Duration::ZERO);
+}
+
+#[test]
 fn the_connection_bound_follows_the_handlers_and_the_descriptors() {
     let c = config(&[]);
     // 16 per handler, within 64..=1024.
