@@ -148,5 +148,17 @@ if os.path.exists(idle):
               f"{sum(int(r[4]) > 1000 for r in rows)} of {len(rows)} workloads over 1,000 ms.")
         summary["idle_cpu_ms_max"] = {"ms": int(top[4]), "round": int(top[0]), "workload": top[1],
                                       "loaded": top[2], "idle": top[3]}
+# Workloads the harness could not finish on a server (the script's
+# failed.tsv), with the harness's last words.
+failed = os.path.join(out, "failed.tsv")
+if os.path.exists(failed):
+    with open(failed) as f:
+        rows = [line.rstrip("\n").split("\t") for line in f if line.strip()]
+    if rows:
+        print("\nNot finished (the figure is missing from the table):")
+        for r in rows:
+            print(f"- round {r[0]}, {r[2]}: {r[1]}: {r[3] if len(r) > 3 else ''}")
+        summary["failed"] = [{"round": int(r[0]), "workload": r[1], "server": r[2],
+                              "error": r[3] if len(r) > 3 else ""} for r in rows]
 with open(os.path.join(out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
