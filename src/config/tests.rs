@@ -13,10 +13,10 @@ fn config(args: &[&str]) -> Config {
 
 #[test]
 fn a_short_prompt_may_pause_the_streams_three_seconds_by_default() {
-    // On a 2-core Zen 1 a 20-200-token prompt beside three streams takes
-    // 1-2.5 s: under a 1 s pause every one of them went in small chunks, and
-    // a 4-client loop served 2-16 % fewer tokens per second (README,
-    // "Continuous batching").
+    // On a 2-core Zen 1 a 100-200-token prompt beside three streams takes
+    // 1-2.5 s: under a 1 s pause a 4-client loop of 20-200-token prompts took
+    // 0-3 of them whole in 30 s, the rest in small chunks, and served 2-16 %
+    // fewer tokens per second (README, "Continuous batching").
     let c = config(&[]);
     assert_eq!(c.itl_max, Duration::from_secs(3));
     assert_eq!(c.itl_target, Duration::from_millis(150));
