@@ -375,44 +375,34 @@ mod tests {
 
     #[test]
     fn with_nothing_decoding_a_step_that_finishes_a_prompt_takes_no_chunk_it_does_not_finish() {
-        let seqs = [seq(0, 0, prefill(6000)), seq(1, 1, prefill(20))];
+        let chunks = |seqs: &[SeqView]| -> Vec<(usize, usize)> {
+            plan_step(seqs, 512)
+                .entries
+                .iter()
+                .map(|e| (e.slot, n_prefill(e.work)))
+                .collect()
+        };
+        let long = seq(0, 0, prefill(6000));
         assert_eq!(
-            plan_step(&seqs, 512).entries,
-            vec![Entry {
-                slot: 1,
-                work: Work::Prefill { n_tokens: 20 }
-            }],
+            chunks(&[long, seq(1, 1, prefill(20))]),
+            [(1, 20)],
             "the short prompt's first token does not wait for 492 of the long one's"
         );
         // Every prompt it finishes, it takes.
-        let seqs = [
-            seq(0, 0, prefill(6000)),
+        let short = [
             seq(1, 1, prefill(20)),
             seq(2, 2, prefill(300)),
             seq(3, 3, prefill(100)),
         ];
-        let slots: Vec<(usize, usize)> = plan_step(&seqs, 512)
-            .entries
-            .iter()
-            .map(|e| (e.slot, n_prefill(e.work)))
-            .collect();
-        assert_eq!(slots, [(1, 20), (3, 100), (2, 300)]);
-        // A step that finishes none still fills its budget.
-        let seqs = [seq(0, 0, prefill(6000)), seq(1, 1, prefill(700))];
         assert_eq!(
-            plan_step(&seqs, 512).entries,
-            vec![Entry {
-                slot: 1,
-                work: Work::Prefill { n_tokens: 512 }
-            }]
+            chunks(&[long, short[0], short[1], short[2]]),
+            [(1, 20), (3, 100), (2, 300)]
         );
+        // A step that finishes none still fills its budget.
+        assert_eq!(chunks(&[long, seq(1, 1, prefill(700))]), [(1, 512)]);
         // A stream decoding bounds the step anyway: the rest goes to the
         // next prompt.
-        let seqs = [
-            seq(0, 0, prefill(6000)),
-            seq(1, 1, prefill(20)),
-            seq(2, 2, Phase::Decode),
-        ];
+        let seqs = [long, short[0], seq(2, 2, Phase::Decode)];
         assert_eq!(plan_step(&seqs, 512).n_tokens(), 512);
     }
 
