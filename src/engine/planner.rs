@@ -39,10 +39,9 @@
 //!    on a 2-core Zen 1, a 139-token prompt that arrived while a 1,964-token
 //!    one was being prefilled alone shared its step with 373 of that one's
 //!    tokens, seconds of compute that deep, and waited 14.2 s for its first
-//!    token). The prompt left out
-//!    starts in the next step, beside the new streams, whole if their pace
-//!    allows a short prompt whole (`budget_with_whole_prompt`: only a prompt
-//!    not yet begun may be).
+//!    token). The prompt left out starts in the next step, beside the new
+//!    streams, whole if their pace allows a short prompt whole
+//!    (`budget_with_whole_prompt`: only a prompt not yet begun may be).
 
 use crate::priority::Class;
 
