@@ -108,8 +108,9 @@ pub struct ServeArgs {
     /// longest pause a running stream may see so that a short prompt is
     /// prefilled whole in one step (its first token at once, not after many
     /// chunks), taken only while every stream keeps its k-th token within k
-    /// --itl-target-ms and one such pause of its first; 0 chunks every prompt
-    /// under the target (default: 3000)
+    /// --itl-target-ms and one such pause of its first; with no stream
+    /// running, the longest step of prefill; 0 chunks every prompt under the
+    /// target and lets prefill alone take 512-token steps (default: 3000)
     #[argh(option, default = "3000")]
     pub itl_max_ms: u64,
     /// a prompt that has held its slot this many times its prefill's

@@ -204,7 +204,8 @@ pub struct Config {
     pub step_tokens: Option<usize>,
     pub itl_target: Duration,
     /// `--itl-max-ms`: the longest pause a whole short prompt may cost the
-    /// streams (zero: prompts are always chunked under the target).
+    /// streams, and the longest step of prefill alone (zero: prompts are
+    /// always chunked under the target, and prefill alone takes `n_batch`).
     pub itl_max: Duration,
     /// `--overdue-stretch`: a prompt is overdue (goes first every other step)
     /// once it has held its slot this many times its prefill's forecast, and

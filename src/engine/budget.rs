@@ -114,7 +114,8 @@ impl Engine {
 
     /// Prompt tokens a step takes beside `n_decode` decode tokens: what the
     /// fixed `--step-tokens` leaves, or what the ITL target allows at
-    /// `s_per_token`.
+    /// `s_per_token` (with nothing decoding, what fits a step of
+    /// `--itl-max-ms`; any chunk up to `n_batch` when it is 0).
     pub(super) fn prefill_per_step(&self, n_decode: usize, s_per_token: f64) -> usize {
         match self.cfg.step_tokens {
             Some(n) => n.saturating_sub(n_decode).max(1),
@@ -122,6 +123,7 @@ impl Engine {
                 n_decode,
                 s_per_token,
                 self.cfg.itl_target,
+                (!self.cfg.itl_max.is_zero()).then_some(self.cfg.itl_max),
                 self.cfg.n_batch,
             ),
         }

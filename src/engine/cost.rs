@@ -246,17 +246,34 @@ impl CostModel {
     /// Prefill tokens that fit in a step beside `n_decode` decode tokens, at
     /// `s_per_token` (the dearest of the prompts being prefilled): as many as
     /// keep the step within `STEP_AIM_SHARE` of the inter-token target (at least
-    /// `PREFILL_CHUNK_MIN_TOKENS`); with nothing decoding, no stream is waiting
-    /// for a token, and prefill takes the largest chunk, `ceiling`.
+    /// `PREFILL_CHUNK_MIN_TOKENS`). With nothing decoding no stream waits for a
+    /// token, and prefill takes the largest chunk, `ceiling`, but no more than
+    /// keeps the step within `STEP_AIM_SHARE` of `step_max` (`--itl-max-ms`),
+    /// when there is one: a request that arrives meanwhile waits for the step
+    /// in flight before its prompt can start, and on a slow CPU a `ceiling`
+    /// chunk deep in a long prompt takes seconds (512 tokens ~1,500 deep: ~5 s
+    /// on a 2-core AMD EPYC Zen 1). A chunk so capped is still hundreds of
+    /// tokens there; its pass's fixed part (~6-28 ms by depth) is a few per
+    /// cent of it at most.
     pub fn prefill_budget(
         &self,
         n_decode: usize,
         s_per_token: f64,
         itl_target: Duration,
+        step_max: Option<Duration>,
         ceiling: usize,
     ) -> usize {
         if n_decode == 0 {
-            return ceiling;
+            let Some(step_max) = step_max else {
+                return ceiling;
+            };
+            let tokens = (step_max.as_secs_f64() * STEP_AIM_SHARE / s_per_token).floor();
+            if tokens.is_nan() {
+                return ceiling;
+            }
+            return (tokens.min(ceiling as f64) as usize)
+                .max(PREFILL_CHUNK_MIN_TOKENS)
+                .min(ceiling);
         }
         let target = itl_target.as_secs_f64();
         let room =
@@ -482,45 +499,66 @@ mod tests {
         let target = Duration::from_millis(150);
         let fresh = m.prefill_s_per_token();
         // 0.8 * 150 ms = 120 ms; two decode tokens cost 15 ms; 105 ms / 4 ms = 26.
-        assert_eq!(m.prefill_budget(2, fresh, target, 512), 26);
+        assert_eq!(m.prefill_budget(2, fresh, target, None, 512), 26);
         // Deep in a long prompt at 20 ms a token: 5.
-        assert_eq!(m.prefill_budget(2, 0.020, target, 512), 5);
+        assert_eq!(m.prefill_budget(2, 0.020, target, None, 512), 5);
         assert_eq!(
-            m.prefill_budget(0, fresh, target, 512),
+            m.prefill_budget(0, fresh, target, None, 512),
             512,
             "nothing decodes: largest chunk"
         );
         // Four decode tokens cost 25 ms, past a 20 ms target: the prompt still
         // gets a quarter of the target, 5 ms, one token at 4 ms.
         assert_eq!(
-            m.prefill_budget(4, fresh, Duration::from_millis(20), 512),
+            m.prefill_budget(4, fresh, Duration::from_millis(20), None, 512),
             1,
             "a prompt always progresses"
         );
         assert_eq!(
-            m.prefill_budget(4, fresh, Duration::from_millis(2), 512),
+            m.prefill_budget(4, fresh, Duration::from_millis(2), None, 512),
             PREFILL_CHUNK_MIN_TOKENS,
             "at least one token"
         );
         // Decode alone (25 ms) past a 30 ms target's aim of 24 ms: 7.5 ms of
         // prefill, one token; at 100 ms, 80 - 25 = 55 ms: 13 tokens.
         assert_eq!(
-            m.prefill_budget(4, fresh, Duration::from_millis(100), 512),
+            m.prefill_budget(4, fresh, Duration::from_millis(100), None, 512),
             13
         );
         // A target as long as the decode part alone (25 ms): a quarter of it,
         // 6.25 ms, goes to the prompt: 6 tokens at 1 ms.
         let target = Duration::from_secs_f64(m.decode_s(4));
         assert_eq!(
-            m.prefill_budget(4, 0.001, target, 512),
+            m.prefill_budget(4, 0.001, target, None, 512),
             6,
             "decode past the target: a quarter of the target for the prompt"
         );
         assert_eq!(
-            m.prefill_budget(4, fresh, Duration::from_secs(60), 512),
+            m.prefill_budget(4, fresh, Duration::from_secs(60), None, 512),
             508,
             "never above the step ceiling"
         );
+    }
+
+    #[test]
+    fn with_nothing_decoding_a_chunk_fills_a_step_of_itl_max_at_most() {
+        let m = CostModel::from_calibration(250.0, 100.0, 160.0, 4);
+        let target = Duration::from_millis(150);
+        let max = Some(Duration::from_secs(3));
+        // The aim is 80 % of 3 s, 2.4 s: at 4 ms a token 600 fit, more than
+        // the largest chunk.
+        assert_eq!(m.prefill_budget(0, 0.004, target, max, 512), 512);
+        // Deep in a long prompt on a slow CPU, 12 ms a token: 200.
+        assert_eq!(m.prefill_budget(0, 0.012, target, max, 512), 200);
+        // Slower than the whole step: one token, the least a step takes.
+        assert_eq!(
+            m.prefill_budget(0, 5.0, target, max, 512),
+            PREFILL_CHUNK_MIN_TOKENS
+        );
+        // No bound (`--itl-max-ms 0`): the largest chunk, however dear.
+        assert_eq!(m.prefill_budget(0, 0.012, target, None, 512), 512);
+        // Beside streams the ITL target decides, not the bound.
+        assert_eq!(m.prefill_budget(2, 0.020, target, max, 512), 5);
     }
 
     #[test]

@@ -34,7 +34,8 @@
 //!    exceeds llama.cpp's `n_batch` (more aborts the process); both are asserted.
 //! 4. With nothing decoding, a step that finishes a prompt's prefill takes no
 //!    chunk of a prompt it does not finish. No stream bounds such a step (its
-//!    budget is `n_batch`), so the chunk would hold back the first tokens of
+//!    budget is `n_batch`, or what fits `--itl-max-ms`: seconds on a slow
+//!    CPU), so the chunk would hold back the first tokens of
 //!    the prompts it finishes by its whole cost (in the side-by-side's mix
 //!    on a 2-core Zen 1, a 139-token prompt that arrived while a 1,964-token
 //!    one was being prefilled alone shared its step with 373 of that one's

@@ -390,6 +390,30 @@ fn a_prompt_alone_takes_whole_chunks_and_beside_a_stream_only_what_the_itl_targe
     assert!(budget_min < 512.0, "the step budget stayed at {budget_min}");
 }
 
+#[test]
+fn with_nothing_decoding_a_step_of_prefill_fits_itl_max() {
+    // `--itl-max-ms 1`: a step of prefill alone may take what the cost model
+    // says fits 0.8 ms, a few tokens at most on any CPU this model runs on
+    // (prefill costs ~0.1-10 ms a token), where without the bound the whole
+    // prompt, under 512 tokens, is one step (the test above, with 0).
+    let srv = Server::start(&["--itl-max-ms", "1", "--parallel", "1"]);
+    let body = json!({"prompt": long_prompt(20), "max_tokens": 1, "temperature": 0});
+    let steps = srv.metric("sluice_steps_total");
+    let r = srv.post("/v1/completions", &body);
+    assert_eq!(r.status, 200);
+    let prompt_tokens = r.body_json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        (200..512).contains(&prompt_tokens),
+        "prompt has {prompt_tokens} tokens"
+    );
+    let steps = srv.metric("sluice_steps_total") - steps;
+    assert!(
+        steps >= (prompt_tokens / 16) as f64,
+        "{steps} steps for {prompt_tokens} prompt tokens alone"
+    );
+    assert!(srv.metric("sluice_step_budget_tokens") < 64.0);
+}
+
 /// Mixed steps and steps that took a prompt whole while a ~400-token prompt
 /// is prefilled beside a stream that has sampled `ahead` tokens under a 50 ms
 /// target; and the prompt's tokens.
