@@ -7,8 +7,13 @@ use std::time::Instant;
 
 /// Decode steps run untimed first, so that caches and the threadpool are warm.
 pub const WARMUP_STEPS: usize = 4;
-/// Prompt tokens each sequence holds while its decode steps are timed.
-const DECODE_CONTEXT_TOKENS: usize = 32;
+/// Prompt tokens each sequence holds while its decode steps are timed. A few
+/// are as good as many: llama.cpp pads the cells a pass attends to a multiple
+/// of 256, so every decode step timed here reads 256 cells either way, and
+/// each token of context costs a prefill before the timing (on a 2-core AMD
+/// EPYC Zen 1, 32 tokens in each of 5 sequences took ~1 s of a 5.3 s
+/// calibration).
+const DECODE_CONTEXT_TOKENS: usize = 8;
 
 /// A prompt of exactly `tokens` tokens (plain English), to time with.
 pub fn prompt(model: &Model, tokens: usize) -> Result<Vec<Token>, String> {
@@ -36,7 +41,7 @@ pub struct Calibration {
 
 /// Start-up calibration: a prompt of `prompt_tokens` prefilled in chunks of the
 /// context's `n_batch` (the server's step budget), then `steps` decode steps at
-/// batch 1 and at batch `parallel`. About a second on a 2-core box.
+/// batch 1 and at batch `parallel`. 1-4 s on a 2-core box.
 pub fn measure(
     ctx: &mut Context,
     prompt: &[Token],
