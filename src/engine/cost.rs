@@ -263,21 +263,15 @@ impl CostModel {
         step_max: Option<Duration>,
         ceiling: usize,
     ) -> usize {
-        if n_decode == 0 {
+        let room = if n_decode == 0 {
             let Some(step_max) = step_max else {
                 return ceiling;
             };
-            let tokens = (step_max.as_secs_f64() * STEP_AIM_SHARE / s_per_token).floor();
-            if tokens.is_nan() {
-                return ceiling;
-            }
-            return (tokens.min(ceiling as f64) as usize)
-                .max(PREFILL_CHUNK_MIN_TOKENS)
-                .min(ceiling);
-        }
-        let target = itl_target.as_secs_f64();
-        let room =
-            (target * STEP_AIM_SHARE - self.decode_s(n_decode)).max(target * PREFILL_SHARE_MIN);
+            step_max.as_secs_f64() * STEP_AIM_SHARE
+        } else {
+            let target = itl_target.as_secs_f64();
+            (target * STEP_AIM_SHARE - self.decode_s(n_decode)).max(target * PREFILL_SHARE_MIN)
+        };
         let tokens = (room / s_per_token).floor();
         let tokens = if tokens.is_finite() && tokens > 0.0 {
             tokens.min(ceiling as f64) as usize
