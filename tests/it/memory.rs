@@ -1,6 +1,6 @@
 //! KV memory: each sequence's stream is lazily backed, its pages go back to
 //! the kernel when the engine is idle, and they come back as zeros, with the
-//! same logits as before.
+//! same logits as before. And what else an idle server costs: few wake-ups.
 
 use crate::batching::{compare, scored};
 use crate::harness::*;
@@ -130,4 +130,54 @@ fn a_memory_limit_below_what_the_kv_cells_may_take_is_a_warning_at_start() {
     );
     drop(srv);
     drop(cgroup);
+}
+
+/// Voluntary context switches of each thread of process `pid` so far, by
+/// thread id.
+fn wake_ups(pid: u32) -> std::collections::HashMap<String, u64> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the server's threads")
+        .filter_map(|t| {
+            let t = t.ok()?;
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let n = status
+                .lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+                .trim()
+                .parse::<u64>()
+                .expect("a count");
+            Some((t.file_name().to_string_lossy().into_owned(), n))
+        })
+        .collect()
+}
+
+#[test]
+fn an_idle_server_wakes_up_rarely() {
+    // Each wake-up of an idle process is CPU a laptop's battery pays for;
+    // they come from timers (the main thread's look at signals, the
+    // engine's idle wait, the batch workers'), not from the box's speed. At
+    // 20 ms, the main thread's alone were 50 a second.
+    let srv = Server::start(&[]);
+    let released = srv.metric("sluice_kv_pages_released_total");
+    srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0}),
+    );
+    // Idle, its last work done: the written KV pages went back.
+    wait_until(Duration::from_secs(120), "the KV pages' release", || {
+        srv.metric("sluice_kv_pages_released_total") > released
+    });
+    let window = Duration::from_secs(5);
+    let before = wake_ups(srv.pid());
+    std::thread::sleep(window);
+    // A thread that ended meanwhile is not counted; one that began, whole.
+    let woke: u64 = wake_ups(srv.pid())
+        .iter()
+        .map(|(tid, n)| n - before.get(tid).copied().unwrap_or(0))
+        .sum();
+    let per_s = woke as f64 / window.as_secs_f64();
+    assert!(
+        per_s < 40.0,
+        "{woke} wake-ups in {window:?} of idleness ({per_s:.0} a second)"
+    );
 }
