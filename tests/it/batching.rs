@@ -366,10 +366,12 @@ fn a_prompt_alone_takes_whole_chunks_and_beside_a_stream_only_what_the_itl_targe
     assert!(stream.next_json().is_some());
     let mixed = srv.metric("sluice_steps_mixed_total");
     let addr = srv.addr;
-    // Another prompt, fresh (the first is in the prefix cache now), over one
-    // whole chunk but shorter: beside the stream each step carries about a
-    // token of it, so its length is what this test's time goes on.
-    let again = json!({"prompt": format!("Again.\n{}", long_prompt(30)), "max_tokens": 1, "temperature": 0});
+    // Another prompt, fresh (the first is in the prefix cache now), a fifth
+    // of a whole chunk: alone it would go in one step; beside the stream each
+    // step carries about a token of it, so its length is what this test's
+    // time goes on.
+    let again =
+        json!({"prompt": format!("Again.\n{}", long_prompt(6)), "max_tokens": 1, "temperature": 0});
     let sender = std::thread::spawn(move || post_json(addr, "/v1/completions", &again));
     let mut budget_min = f64::MAX;
     while !sender.is_finished() {
@@ -380,7 +382,10 @@ fn a_prompt_alone_takes_whole_chunks_and_beside_a_stream_only_what_the_itl_targe
     let r = sender.join().expect("client");
     assert_eq!(r.status, 200);
     let prompt_tokens = r.body_json()["usage"]["prompt_tokens"].as_u64().unwrap();
-    assert!(prompt_tokens > 512, "prompt has {prompt_tokens} tokens");
+    assert!(
+        (64..=512).contains(&prompt_tokens),
+        "prompt has {prompt_tokens} tokens"
+    );
     let whole_chunks = prompt_tokens.div_ceil(512) as f64;
     let mixed = srv.metric("sluice_steps_mixed_total") - mixed;
     assert!(
@@ -482,7 +487,9 @@ fn beside_a_stream_ahead_of_its_pace_a_short_prompt_is_prefilled_in_one_step() {
 /// prompt first over the short one. `--overdue-stretch 0`: overdue from
 /// W_max on, whatever the forecast. Both have a slot of their own, so
 /// neither waits at the door, and `--no-shed` keeps an explicit W_max from
-/// refusing either.
+/// refusing either. The long prompt streams and is left once the short one
+/// is answered: the rest of its prefill (hundreds of steps) is not what is
+/// tested.
 fn a_short_prompt_beside_a_long_one(w_max_ms: &str) -> (f64, f64, f64) {
     let srv = Server::start(&[
         "--step-tokens",
@@ -497,11 +504,17 @@ fn a_short_prompt_beside_a_long_one(w_max_ms: &str) -> (f64, f64, f64) {
         "--prefix-cache-mb",
         "0",
     ]);
-    let addr = srv.addr;
-    let long = json!({"prompt": long_prompt(80), "max_tokens": 1, "temperature": 0});
-    let long = std::thread::spawn(move || post_json(addr, "/v1/completions", &long));
+    let prompt = long_prompt(80);
+    let tokens = srv
+        .post("/tokenize", &json!({ "prompt": prompt }))
+        .body_json()["count"]
+        .as_f64()
+        .expect("count");
     let before = srv.metric("sluice_prefill_tokens_total");
     let overdue_before = srv.metric("sluice_steps_overdue_first_total");
+    let long = json!({"prompt": prompt, "stream": true, "max_tokens": 1, "temperature": 0});
+    let long = Sse::open(srv.addr, "/v1/completions", &long);
+    assert_eq!(long.status, 200);
     wait_until(
         Duration::from_secs(120),
         "the long prompt's first step",
@@ -522,10 +535,8 @@ fn a_short_prompt_beside_a_long_one(w_max_ms: &str) -> (f64, f64, f64) {
     );
     let prefilled = srv.metric("sluice_prefill_tokens_total") - before;
     let overdue_first = srv.metric("sluice_steps_overdue_first_total") - overdue_before;
-    let r = long.join().expect("client");
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    let tokens = r.body_json()["usage"]["prompt_tokens"].as_f64().unwrap();
     assert!(tokens > 1000.0, "the long prompt has {tokens} tokens");
+    drop(long);
     (prefilled, tokens, overdue_first)
 }
 
