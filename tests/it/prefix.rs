@@ -379,26 +379,44 @@ fn a_sequence_keeps_its_logits_while_others_kv_is_freed_evicted_and_reused() {
     wait_until(Duration::from_secs(120), "the others to evict", || {
         srv.metric("sluice_prefix_cache_tokens_evicted_total") > 0.0
     });
-    let reused = srv.metric("sluice_prefix_cache_tokens_reused_total");
-    let evicted = srv.metric("sluice_prefix_cache_tokens_evicted_total");
-    let completed = srv.metric("sluice_requests_completed_total");
-    let replay = complete(
-        &srv,
-        json!({"prompt": alone.token_ids, "temperature": 0, "max_tokens": 0, "logprobs": 1, "echo": true}),
-    );
-    let reused = srv.metric("sluice_prefix_cache_tokens_reused_total") - reused;
-    let evicted = srv.metric("sluice_prefix_cache_tokens_evicted_total") - evicted;
-    let completed = srv.metric("sluice_requests_completed_total") - completed;
+    // Replayed until one replay had all three beside it: how the others'
+    // requests interleave with its steps is the box's doing (beside a
+    // parallel build, one replay saw 9 requests complete and 213 tokens
+    // reused, but no eviction). Every replay's logits are checked.
+    let (mut seen, mut covered) = (Vec::new(), false);
+    for _ in 0..REPLAYS_MAX {
+        let reused = srv.metric("sluice_prefix_cache_tokens_reused_total");
+        let evicted = srv.metric("sluice_prefix_cache_tokens_evicted_total");
+        let completed = srv.metric("sluice_requests_completed_total");
+        let replay = complete(
+            &srv,
+            json!({"prompt": alone.token_ids, "temperature": 0, "max_tokens": 0, "logprobs": 1, "echo": true}),
+        );
+        let reused = srv.metric("sluice_prefix_cache_tokens_reused_total") - reused;
+        let evicted = srv.metric("sluice_prefix_cache_tokens_evicted_total") - evicted;
+        let completed = srv.metric("sluice_requests_completed_total") - completed;
+        compare(&alone, &scored(&replay), n_prompt).check("beside freed, evicted and reused KV");
+        seen.push(format!(
+            "{completed} requests completed, {reused} tokens reused, {evicted} evicted"
+        ));
+        covered = reused > 0.0 && evicted > 0.0 && completed > 1.0;
+        if covered {
+            break;
+        }
+    }
     stop.store(true, Ordering::Relaxed);
     for o in others {
         o.join().expect("other client");
     }
     assert!(
-        reused > 0.0 && evicted > 0.0 && completed > 1.0,
-        "while it was replayed, others completed {completed} requests, reused {reused} and evicted {evicted} tokens"
+        covered,
+        "no replay had others' requests complete, reuse and evict beside it: {seen:?}"
     );
-    compare(&alone, &scored(&replay), n_prompt).check("beside freed, evicted and reused KV");
 }
+
+/// Replays of the watched sequence at most, until one has the others'
+/// requests complete, reuse and evict beside it.
+const REPLAYS_MAX: usize = 8;
 
 #[test]
 fn a_sequence_ending_beside_a_stream_is_parked_reused_in_place_and_saved_once_none_waits() {

@@ -66,6 +66,11 @@ impl Haproxy {
             .env("SLUICE_REPLICA_1", replicas[0].addr.to_string())
             .env("SLUICE_REPLICA_2", replicas[1].addr.to_string())
             .env("SLUICE_MAXCONN", maxconn.to_string())
+            // HAProxy's queue timeout is flow control (2.5 s shipped): on a
+            // slow or busy box a request queued behind two running ones may
+            // wait longer and get HAProxy's 503, which no test here is about
+            // (seen beside a parallel build on a 2-core AMD EPYC).
+            .env("SLUICE_QUEUE_MS", "600000")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -369,8 +374,10 @@ const AGENT_REPLICA: [&str; 8] = [
     "4",
     "--queue-depth",
     "1",
+    // Replica 2 is stopped and then asked what it accepted: it must still
+    // be up, in its notice, however long the requests between take.
     "--drain-notice-ms",
-    "1000",
+    "600000",
     "--agent-port",
     "0",
 ];
