@@ -1,5 +1,6 @@
-//! The one llama context: KV cache, compute graph and the persistent pinned
-//! threadpool; the batch it decodes; llama.cpp's sampler chain.
+//! A llama context: KV cache, compute graph and the persistent pinned
+//! threadpool (shared with a context made beside it); the batch it decodes;
+//! llama.cpp's sampler chain.
 
 use super::model::{Model, Token};
 use llama_cpp_sys_2 as sys;
@@ -124,10 +125,26 @@ impl KvType {
 /// whole, and a pass stays at the batch size.
 pub const UBATCH_WITHOUT_FLASH_ATTN: u32 = 256;
 
-/// The one llama context: KV cache, compute graph, and the persistent threadpool.
+/// ggml's persistent threadpool, shared by the contexts made on it
+/// (`Context::beside`): freed when the last of them is.
+struct Pool(NonNull<sys::ggml_threadpool>);
+
+// SAFETY: the pool is used from the engine thread only, one pass at a time.
+unsafe impl Send for Pool {}
+unsafe impl Sync for Pool {}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: made in `Context::new`, freed once, after every context that
+        // used it (each holds an `Arc` to it, dropped after `llama_free`).
+        unsafe { sys::ggml_threadpool_free(self.0.as_ptr()) }
+    }
+}
+
+/// A llama context: KV cache, compute graph, and the persistent threadpool.
 pub struct Context {
     ptr: NonNull<sys::llama_context>,
-    pool: NonNull<sys::ggml_threadpool>,
+    pool: Arc<Pool>,
     n_batch: usize,
     n_vocab: usize,
     /// Floats in one token's embedding.
@@ -222,7 +239,33 @@ impl Context {
             tp.poll = p.poll;
             let pool = NonNull::new(sys::ggml_threadpool_new(&mut tp))
                 .ok_or("ggml could not create its threadpool")?;
+            let pool = Arc::new(Pool(pool));
+            Context::on_pool(model, p, pool, Arc::new(AbortWatch::default()))
+        }
+    }
 
+    /// Another context on the same model, its own KV cache and compute
+    /// buffers, run by this one's threadpool and stopped by its abort
+    /// handle. The two are used one after the other, from the one thread.
+    pub fn beside(&self, p: &ContextParams) -> Result<Context, String> {
+        Context::on_pool(
+            Arc::clone(&self._model),
+            p,
+            Arc::clone(&self.pool),
+            Arc::clone(&self.abort),
+        )
+    }
+
+    fn on_pool(
+        model: Arc<Model>,
+        p: &ContextParams,
+        pool: Arc<Pool>,
+        abort: Arc<AbortWatch>,
+    ) -> Result<Context, String> {
+        let n_threads = p.cpus.len() as i32;
+        // SAFETY: plain C calls on values made here; the context is checked for
+        // NULL before use; the pool lives as long as the context holds it.
+        unsafe {
             let mut cp = sys::llama_context_default_params();
             cp.n_ctx = p.n_ctx;
             cp.n_batch = p.n_batch;
@@ -250,14 +293,12 @@ impl Context {
             let ptr = match NonNull::new(sys::llama_init_from_model(model.ptr.as_ptr(), cp)) {
                 Some(ptr) => ptr,
                 None => {
-                    sys::ggml_threadpool_free(pool.as_ptr());
                     return Err(
                         "llama.cpp could not create a context (reason in the log above)".into(),
                     );
                 }
             };
-            sys::llama_attach_threadpool(ptr.as_ptr(), pool.as_ptr(), pool.as_ptr());
-            let abort = Arc::new(AbortWatch::default());
+            sys::llama_attach_threadpool(ptr.as_ptr(), pool.0.as_ptr(), pool.0.as_ptr());
             sys::llama_set_abort_callback(
                 ptr.as_ptr(),
                 Some(abort_callback),
@@ -492,7 +533,7 @@ impl Context {
     pub fn pause_threads(&mut self) {
         // SAFETY: the pool is live while the context is; ggml resumes a paused
         // pool when the next graph is computed.
-        unsafe { sys::ggml_threadpool_pause(self.pool.as_ptr()) }
+        unsafe { sys::ggml_threadpool_pause(self.pool.0.as_ptr()) }
     }
 
     /// The highest position `seq` holds in the KV cache, or -1 when it holds none.
@@ -507,12 +548,12 @@ impl Context {
 
 impl Drop for Context {
     fn drop(&mut self) {
-        // SAFETY: the context and pool were made in `new` and are freed once, here,
-        // the context first (it uses the pool).
+        // SAFETY: the context was made in `on_pool` and is freed once, here;
+        // the pool it used is freed after it (the `pool` field drops after
+        // this body), once no other context holds it.
         unsafe {
             sys::llama_detach_threadpool(self.ptr.as_ptr());
             sys::llama_free(self.ptr.as_ptr());
-            sys::ggml_threadpool_free(self.pool.as_ptr());
         }
     }
 }
