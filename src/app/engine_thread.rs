@@ -7,6 +7,7 @@
 use crate::calibration_cache::Kept;
 use crate::config::{Config, FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
+use crate::engine::contexts::Contexts;
 use crate::engine::served::DepthTiming;
 use crate::engine::{self, EngineConfig};
 use crate::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
@@ -31,6 +32,9 @@ pub(super) struct Started {
     pub(super) measured: bool,
     /// The candidates' timings by depth, when they were timed now.
     pub(super) timings: Vec<Vec<DepthTiming>>,
+    /// With a short requests' context: the most cells of a request it
+    /// serves, and the cells of each of its streams.
+    pub(super) short: Option<(usize, usize)>,
 }
 
 type Ready = Result<Started, String>;
@@ -93,6 +97,7 @@ fn engine_config(cfg: &Config, n_ctx: usize) -> EngineConfig {
         batch_every: cfg.batch_every,
         save_s_per_run: None,
         kv_layout: cfg.kv_layout,
+        short_cells: cfg.short_cells,
     }
 }
 
@@ -163,21 +168,26 @@ fn engine_main(
             return;
         }
     };
+    let ctx = short_context(ctx, &params, pairing, &plan);
     let engine_cfg = plan.engine_cfg;
     // What one request may use: the cells admission reserves in all
     // (llama.cpp's are rounded up; `staggered_cells`).
+    let short = ctx.short_cells().zip(ctx.short_stream_cells());
+    let mut ctx = ctx;
+    let main = ctx.main();
     let n_ctx = engine_cfg.n_ctx.min(match engine_cfg.kv_layout {
-        KvLayout::Unified => ctx.n_ctx(),
-        KvLayout::PerSequence => ctx.n_ctx_seq(),
+        KvLayout::Unified => main.n_ctx(),
+        KvLayout::PerSequence => main.n_ctx_seq(),
     });
     let started = Started {
         n_ctx,
         calibration,
-        engine_stop: ctx.abort_handle(),
+        engine_stop: main.abort_handle(),
         pairing,
-        n_ubatch: ctx.n_ubatch(),
+        n_ubatch: main.n_ubatch(),
         measured,
         timings,
+        short,
     };
     let _ = ready.send(Ok(started));
     let engine_cfg = EngineConfig {
@@ -186,6 +196,42 @@ fn engine_main(
     };
     if let Ok(wiring) = wiring.recv() {
         engine::run(model, ctx, engine_cfg, metrics, wiring);
+    }
+}
+
+/// The engine's contexts: the main one, and beside it one with flash
+/// attention on and an f16 cache for short requests (`engine::contexts`),
+/// unless `--short-cells` is 0, the main one has that pairing already, or
+/// `--calibrate-only` only measures. A model llama.cpp cannot make that
+/// context for is served by the main one alone (said in the log).
+fn short_context(
+    main: Context,
+    params: &ContextParams,
+    pairing: (FlashAttn, KvType),
+    plan: &Plan,
+) -> Contexts {
+    let cfg = &plan.engine_cfg;
+    let short = (FlashAttn::On, KvType::F16);
+    // No request holds more than --ctx cells.
+    let cells = cfg.short_cells.min(cfg.n_ctx);
+    let per_seq = cfg.kv_layout == KvLayout::PerSequence;
+    if cells == 0 || pairing == short || !per_seq || plan.measure_now {
+        return Contexts::one(main);
+    }
+    let params = ContextParams {
+        n_ctx: (staggered_cells(cells) * cfg.parallel) as u32,
+        flash_attn: short.0,
+        kv_type: short.1,
+        ..params.clone()
+    };
+    match main.beside(&params) {
+        Ok(beside) => Contexts::with_short(main, beside, cfg.parallel, cells),
+        Err(e) => {
+            crate::say!(
+                "sluice: no second context for short requests ({e}); every request runs in the main one"
+            );
+            Contexts::one(main)
+        }
     }
 }
 

@@ -177,17 +177,23 @@ fn serve(cfg: Config) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     report::model(&cfg, &loaded, n_ctx);
     report::threads(&cfg, &front_size, started.n_ubatch);
+    if let Some((most, stream)) = started.short {
+        crate::say!(
+            "sluice: requests of at most {most} cells (prompt + max_tokens) run in a second context, flash attention on, f16 cache, {stream} cells a sequence (--short-cells)"
+        );
+    }
     let stream_cells = crate::startup::staggered_cells(loaded.n_ctx);
     let kv_cells = match cfg.kv_layout {
         ffi::KvLayout::PerSequence => stream_cells * cfg.parallel,
         ffi::KvLayout::Unified => stream_cells,
     };
-    let memory = memory::bound(
-        &loaded.model,
-        started.pairing.1,
-        kv_cells,
-        cfg.prefix_cache_mb,
-    );
+    // The short requests' context's cells are f16, the widest type: the
+    // bound counts every cell at that width then.
+    let (kv_type, kv_cells) = match started.short {
+        Some((_, stream)) => (ffi::KvType::F16, kv_cells + stream * cfg.parallel),
+        None => (started.pairing.1, kv_cells),
+    };
+    let memory = memory::bound(&loaded.model, kv_type, kv_cells, cfg.prefix_cache_mb);
     for line in memory.lines() {
         crate::say!("{line}");
     }

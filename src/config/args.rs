@@ -91,6 +91,13 @@ pub struct ServeArgs {
         from_str_fn(parse_kv_layout)
     )]
     pub kv_layout: KvLayout,
+    /// a second llama context, flash attention on and an f16 cache, for the
+    /// requests whose prompt and max_tokens fit this many cells; the rest run
+    /// in the main one (0: none). Only per-seq; not when the main context has
+    /// that pairing already (default: 1024 when --flash-attn and --kv-type are
+    /// measure, else 0)
+    #[argh(option)]
+    pub short_cells: Option<usize>,
     /// flash attention: measure (what --calibrate-only timed faster on this
     /// machine, kept in the calibration cache, then what the tokens served
     /// favour at later starts; until then off), off, on, or auto (llama.cpp

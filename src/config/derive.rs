@@ -168,6 +168,38 @@ pub(super) fn attention(
     }
 }
 
+/// Cells of the short requests' context's streams by default (`--short-cells`):
+/// a chat's prompt and answer (the side-by-side's closed loops: ~90 + 64
+/// tokens; a mix's short requests up to a few hundred each), deep enough
+/// that flash attention with an f16 cache still decodes at least as fast as
+/// the main context's pairing (on the Zen 1: 13-18 % faster 32 deep, ~10 %
+/// 128 deep, 14 % slower 1,024 deep; bench/results/2026-12-06-zen1/).
+pub const SHORT_CELLS_DEFAULT: usize = 1024;
+
+/// `--short-cells`: as given (per-seq only), else the default when the
+/// attention pairing is left to measurement.
+pub(super) fn short_cells(a: &ServeArgs) -> Result<usize, String> {
+    let per_seq = a.kv_layout == KvLayout::PerSequence;
+    match a.short_cells {
+        Some(n) if n > 0 && !per_seq => Err(format!(
+            "--short-cells {n} needs --kv-layout per-seq (a second context's streams)"
+        )),
+        Some(n) => {
+            check_range("--short-cells", n, 0, CTX_TOKENS_MAX)?;
+            Ok(n)
+        }
+        None => {
+            let measured =
+                a.kv_type == KvTypeSetting::Measure && a.flash_attn == FlashAttnSetting::Measure;
+            Ok(if per_seq && measured {
+                SHORT_CELLS_DEFAULT
+            } else {
+                0
+            })
+        }
+    }
+}
+
 /// Interactive-only slots: as given (below `--parallel`, so that batch
 /// requests can run at all), else one when there are several.
 pub(super) fn interactive_slots(a: &ServeArgs) -> Result<usize, String> {

@@ -200,6 +200,9 @@ pub struct Config {
     pub kv_type: KvTypeSetting,
     pub kv_layout: KvLayout,
     pub flash_attn: FlashAttnSetting,
+    /// `--short-cells`: requests of at most this many cells run in a second
+    /// context with flash attention on and an f16 cache (0: none).
+    pub short_cells: usize,
     /// `--step-tokens`: a fixed step budget; `None` derives it from the ITL target.
     pub step_tokens: Option<usize>,
     pub itl_target: Duration,
@@ -283,6 +286,7 @@ impl Config {
         derive::check_engine_ranges(&a)?;
         derive::check_http_ranges(&a)?;
         let (kv_type, flash_attn) = derive::attention(a.kv_type, a.flash_attn)?;
+        let short_cells = derive::short_cells(&a)?;
         let queue_wait_ms = a.queue_wait_ms.unwrap_or(QUEUE_WAIT_MS_DEFAULT);
         check_range("--queue-wait-ms", queue_wait_ms, 1, DURATION_MS_MAX)?;
         let interactive_slots = derive::interactive_slots(&a)?;
@@ -319,6 +323,7 @@ impl Config {
             kv_type,
             kv_layout: a.kv_layout,
             flash_attn,
+            short_cells,
             step_tokens: a.step_tokens,
             itl_target: Duration::from_millis(a.itl_target_ms),
             itl_max: Duration::from_millis(a.itl_max_ms),

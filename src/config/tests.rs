@@ -204,3 +204,26 @@ fn trusted_proxies_are_addresses_and_networks() {
         "{err}"
     );
 }
+
+#[test]
+fn short_requests_get_a_second_context_when_the_pairing_is_left_to_measurement() {
+    assert_eq!(config(&[]).short_cells, derive::SHORT_CELLS_DEFAULT);
+    assert_eq!(config(&["--short-cells", "0"]).short_cells, 0);
+    assert_eq!(config(&["--short-cells", "300"]).short_cells, 300);
+    // A pairing the operator set is the one every request runs with.
+    assert_eq!(config(&["--flash-attn", "off"]).short_cells, 0);
+    assert_eq!(config(&["--kv-type", "f16"]).short_cells, 0);
+    assert_eq!(
+        config(&["--flash-attn", "on", "--short-cells", "512"]).short_cells,
+        512
+    );
+    // One pool of cells has no streams to give a second context's.
+    assert_eq!(config(&["--kv-layout", "unified"]).short_cells, 0);
+    let a = ServeArgs::from_args(
+        &["sluice", "serve"],
+        &["--kv-layout", "unified", "--short-cells", "512"],
+    )
+    .unwrap();
+    let e = Config::from_args(a).unwrap_err();
+    assert!(e.contains("per-seq"), "{e}");
+}

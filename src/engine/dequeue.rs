@@ -97,7 +97,7 @@ impl Engine {
     /// Admits queued jobs while a slot and their KV cells are free, the higher
     /// class first (under `Picker`'s anti-starvation rule). Returns true when
     /// the job channels are closed.
-    pub(super) fn admit(&mut self, ctx: &mut Context, jobs: &Queues) -> bool {
+    pub(super) fn admit(&mut self, ctx: &mut Contexts, jobs: &Queues) -> bool {
         // A batch job waiting for KV cells must not hold up interactive ones.
         let mut batch_blocked = false;
         let closed = loop {
@@ -149,7 +149,7 @@ impl Engine {
 
     /// Starts `job` in `slot`, or refuses it (deadline passed, client gone,
     /// shed); gives it back when its KV cells are not free yet.
-    pub(super) fn try_start(&mut self, ctx: &mut Context, slot: usize, job: Job) -> Start {
+    pub(super) fn try_start(&mut self, ctx: &mut Contexts, slot: usize, job: Job) -> Start {
         let now = Instant::now();
         let class = job.class;
         let Some(job) = self.alive(job, now) else {
@@ -172,7 +172,7 @@ impl Engine {
         });
         let (source, reuse) = match awaits_prompt_of {
             Some(_) => (None, 0),
-            None => self.reuse_source(&job),
+            None => self.reuse_source(ctx, &job),
         };
         let sojourn = now.saturating_duration_since(job.enqueued_at);
         let p = match awaits_prompt_of {
@@ -286,7 +286,7 @@ impl Engine {
     /// (0 when a cached entry could not be restored).
     fn place(
         &mut self,
-        ctx: &mut Context,
+        ctx: &mut Contexts,
         slot: usize,
         source: Option<Source>,
         mut reuse: usize,
@@ -306,6 +306,14 @@ impl Engine {
             _ => slot,
         };
         let seq_id = slot as i32;
+        // What the slot held in another context is gone (put away above).
+        let home = self.home_for(ctx, job);
+        ctx.set_home(slot, home);
+        if home == contexts::SHORT {
+            self.metrics
+                .short_context_starts
+                .fetch_add(1, Ordering::Relaxed);
+        }
         // Parked cells give way to the cells this job reserves (and to an
         // entry restored whole): they never make a job wait or fail.
         let restoring = match source {
@@ -422,12 +430,15 @@ impl Engine {
     /// no running sequence has reserved (it is restored whole, then cut to
     /// the shared prefix). A job that wants its prompt's log-probabilities
     /// prefills all of it.
-    pub(super) fn reuse_source(&self, job: &Job) -> (Option<Source>, usize) {
+    pub(super) fn reuse_source(&self, ctx: &Contexts, job: &Job) -> (Option<Source>, usize) {
         // An embedding needs every token's state: nothing is reused.
         if job.echo_logprobs() || job.embed().is_some() || !self.prefix.is_enabled() {
             return (None, 0);
         }
         let free = self.cfg.n_ctx - self.kv_cells_reserved;
+        // Cells and saved states are reused within the context the job will
+        // run in only.
+        let home = self.home_for(ctx, job);
         // Per sequence, cells are not shared across streams (llama.cpp would
         // copy the whole stream): only saved entries are reused.
         let share = self.cfg.kv_layout == KvLayout::Unified;
@@ -437,6 +448,7 @@ impl Engine {
             .enumerate()
             .filter(|_| share)
             .filter_map(|(slot, s)| Some((slot, s.as_ref()?)))
+            .filter(|&(slot, _)| ctx.home(slot) == home)
             .map(|(slot, s)| {
                 let n = prefix::common_prefix(&s.kv_tokens, &job.prompt);
                 (Source::Running(slot), n)
@@ -444,12 +456,13 @@ impl Engine {
             .chain(
                 self.parked
                     .as_ref()
+                    .filter(|_| ctx.home(self.parked_seq as usize) == home)
                     .map(|t| (Source::Parked, prefix::common_prefix(t, &job.prompt))),
             )
             .max_by_key(|&(_, n)| n);
         let cached = self
             .prefix
-            .best(&job.prompt)
+            .best(&job.prompt, home)
             .filter(|&(_, n, len)| n >= prefix::REUSE_TOKENS_MIN && len <= free)
             .map(|(id, n, _)| (Source::Cached(id), n));
         let best = match (cached, running) {
@@ -460,6 +473,20 @@ impl Engine {
             Some((src, reuse)) if reuse > 0 => (Some(src), reuse),
             _ => (None, 0),
         }
+    }
+
+    /// The context `job` runs in (`contexts::place`): the short requests'
+    /// one when there is one and its prompt and answer fit a sequence there
+    /// (an embedding, whose states are read, stays in the main one), unless
+    /// only the main one runs sequences now.
+    pub(super) fn home_for(&self, ctx: &Contexts, job: &Job) -> usize {
+        let fits = ctx
+            .short_cells()
+            .is_some_and(|cells| job.embed().is_none() && job.kv_cells() <= cells);
+        let running = |home| {
+            (0..self.slots.len()).any(|slot| self.slots[slot].is_some() && ctx.home(slot) == home)
+        };
+        contexts::place(fits, [contexts::MAIN, contexts::SHORT].map(running))
     }
 
     /// Shutdown: every queued job is answered without running. Returns true

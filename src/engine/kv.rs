@@ -35,7 +35,7 @@ impl Engine {
     /// sequence in many runs teaches what a run costs to save.
     pub(super) fn save_into_cache(
         &mut self,
-        ctx: &mut Context,
+        ctx: &mut Contexts,
         seq: i32,
         tokens: Vec<Token>,
         (runs, exact): (usize, bool),
@@ -50,7 +50,7 @@ impl Engine {
                     .map_or(s, |old| old + SAVE_COST_WEIGHT * (s - old)),
             );
         }
-        let kept = self.prefix.insert(tokens, state);
+        let kept = self.prefix.insert(tokens, state, ctx.home(seq as usize));
         self.metrics.prefix_tokens_evicted.fetch_add(
             (room.evicted_tokens + kept.evicted_tokens) as u64,
             Ordering::Relaxed,
@@ -59,7 +59,7 @@ impl Engine {
 
     /// Whether sequence `seq`'s state could be kept in the prefix cache; counts
     /// one that could not.
-    fn state_fits_cache(&self, ctx: &mut Context, seq: i32) -> bool {
+    fn state_fits_cache(&self, ctx: &mut Contexts, seq: i32) -> bool {
         let fits = self.prefix.could_keep(ctx.sequence_state_size(seq));
         if !fits {
             self.metrics
@@ -70,7 +70,7 @@ impl Engine {
     }
 
     /// Frees the parked cells without saving them.
-    pub(super) fn drop_parked(&mut self, ctx: &mut Context) {
+    pub(super) fn drop_parked(&mut self, ctx: &mut Contexts) {
         if let Some(tokens) = self.parked.take() {
             self.clear_parked(ctx);
             self.metrics
@@ -82,7 +82,7 @@ impl Engine {
     /// Makes the parked sequence's cells free for another: saves it into the
     /// prefix cache unless that would stall decoding streams longer than
     /// `SAVE_STALL_SHARE_MAX` of the ITL target, else frees it unsaved.
-    pub(super) fn put_away_parked(&mut self, ctx: &mut Context) {
+    pub(super) fn put_away_parked(&mut self, ctx: &mut Contexts) {
         if self.parked_save_stalls() {
             self.drop_parked(ctx);
         } else {
@@ -91,7 +91,7 @@ impl Engine {
     }
 
     /// Saves the parked sequence (if any) into the prefix cache and frees it.
-    fn save_parked(&mut self, ctx: &mut Context) {
+    fn save_parked(&mut self, ctx: &mut Contexts) {
         if let Some(tokens) = self.parked.take() {
             self.save_into_cache(ctx, self.parked_seq, tokens, self.parked_runs);
             self.clear_parked(ctx);
@@ -118,7 +118,7 @@ impl Engine {
     /// is saved first, unless that would stall the streams: a client that
     /// comes back to it finds it in the cache. A re-sent prompt keeps its
     /// prompt and loses only its answer, uncopied.
-    pub(super) fn take_over_parked(&mut self, ctx: &mut Context, reuse: usize) -> usize {
+    pub(super) fn take_over_parked(&mut self, ctx: &mut Contexts, reuse: usize) -> usize {
         let slot = self.parked_seq;
         if let Some(tokens) = self.parked.take() {
             if reuse * 2 < tokens.len() && !self.parked_save_stalls() {
@@ -134,7 +134,7 @@ impl Engine {
     /// the copy: unified, once no stream waits for a token (the copy then
     /// delays only prompts); per sequence, once the engine has had nothing to
     /// do for `PARKED_SAVE_IDLE_MS`.
-    pub(super) fn save_parked_when_quiet(&mut self, ctx: &mut Context) {
+    pub(super) fn save_parked_when_quiet(&mut self, ctx: &mut Contexts) {
         if self.parked.is_none() {
             return;
         }
@@ -150,7 +150,7 @@ impl Engine {
     }
 
     /// Frees the parked sequence's cells and takes them out of the index.
-    pub(super) fn clear_parked(&mut self, ctx: &mut Context) {
+    pub(super) fn clear_parked(&mut self, ctx: &mut Contexts) {
         ctx.clear_sequence(self.parked_seq);
         // A save just made goes to admission first: a prompt judged between
         // the two reports finds its prefix in the cache, not nowhere.
@@ -158,7 +158,7 @@ impl Engine {
         self.queue.prefix_ended(self.parked_seq as usize);
     }
 
-    pub(super) fn release_kv(&mut self, ctx: &mut Context, slot: usize, keep: bool) {
+    pub(super) fn release_kv(&mut self, ctx: &mut Contexts, slot: usize, keep: bool) {
         let seq = self.slots[slot].as_mut().expect("slot is active");
         let tokens = std::mem::take(&mut seq.kv_tokens);
         debug_assert!(
@@ -261,7 +261,7 @@ impl Engine {
     /// choice's state is copied into the choice's stream (saved once for all
     /// of them) and cut to the prompt. A choice whose first choice is gone
     /// prefills the prompt itself.
-    pub(super) fn share_prompts(&mut self, ctx: &mut Context) {
+    pub(super) fn share_prompts(&mut self, ctx: &mut Contexts) {
         let mut saved: Option<(usize, Vec<u8>)> = None;
         for slot in 0..self.slots.len() {
             let Some(first_id) = self.slots[slot].as_ref().and_then(|s| s.awaits_prompt_of) else {

@@ -1,4 +1,4 @@
-//! The engine: one thread that owns the llama context and runs continuous batching.
+//! The engine: one thread that owns the llama contexts and runs continuous batching.
 //!
 //! Each loop iteration: deliver what paused streams could not take, admit queued
 //! jobs into free slots (only when their KV cells — prompt + max_tokens — can be
@@ -15,6 +15,7 @@
 mod budget;
 pub mod calibration;
 pub mod codel;
+pub mod contexts;
 pub mod cost;
 mod dequeue;
 mod kv;
@@ -37,6 +38,7 @@ use crate::stream::{
     CancelReason, ErrorKind, Event, FinishReason, Pause, ShedReason, TokenLogprob, Usage,
 };
 use codel::{Codel, Verdict};
+use contexts::Contexts;
 use cost::{Chunk, CostModel};
 use crossbeam_channel::{Select, TrySendError};
 use planner::{Phase, SeqView, Work};
@@ -113,6 +115,9 @@ pub struct EngineConfig {
     /// stream), and a step's decode tokens and prompt chunks go in separate
     /// passes (`step`).
     pub kv_layout: KvLayout,
+    /// Requests of at most this many cells run in a second context, with
+    /// flash attention on and an f16 cache (`contexts`); 0: none.
+    pub short_cells: usize,
 }
 
 /// One admitted request, bound to a slot (= llama.cpp sequence id).
@@ -230,7 +235,7 @@ pub struct Wiring {
 /// Runs the engine loop until the job channel is closed and no work is left.
 pub fn run(
     model: Arc<Model>,
-    mut ctx: Context,
+    mut ctx: Contexts,
     cfg: EngineConfig,
     metrics: Arc<Metrics>,
     wiring: Wiring,
@@ -379,7 +384,7 @@ struct Engine {
 type Placed = (usize, usize, usize);
 
 impl Engine {
-    fn wait_for_work(&mut self, ctx: &mut Context, jobs: &Queues) {
+    fn wait_for_work(&mut self, ctx: &mut Contexts, jobs: &Queues) {
         if self.held.iter().any(Option::is_some) || self.slots.iter().any(Option::is_some) {
             // Only paused or undelivered streams, or a job waiting for KV
             // cells: poll again shortly.
@@ -415,7 +420,7 @@ impl Engine {
     /// attention spans as many cells as the deepest sequence's stream holds,
     /// so streams decoding beside a long prompt would pay for its depth. A
     /// chunk of one token no deeper than the decode tokens goes in their pass.
-    fn step(&mut self, ctx: &mut Context, plan: &planner::Plan) {
+    fn step(&mut self, ctx: &mut Contexts, plan: &planner::Plan) {
         let n_decode = plan.n_decode();
         let seq = |slot: usize| self.slots[slot].as_ref().expect("planned slot is active");
         let passes::Passes { passes, riders } = passes::passes(
@@ -430,7 +435,9 @@ impl Engine {
         self.kv_written = true;
         self.idle_since = None;
         let mut prefills: Vec<(usize, Chunk)> = Vec::new();
-        for (pass, embeddings) in passes {
+        // With a second context for short requests, a pass whose sequences
+        // live in both goes as two.
+        for (pass, embeddings) in passes::by_home(passes, |slot| ctx.home(slot)) {
             ctx.set_embeddings(embeddings);
             let Some((placed, t)) = self.decode_pass(ctx, &pass) else {
                 ctx.set_embeddings(false);
@@ -510,7 +517,7 @@ impl Engine {
     /// or was aborted (its sequences are then failed or cancelled).
     fn decode_pass(
         &mut self,
-        ctx: &mut Context,
+        ctx: &mut Contexts,
         entries: &[&planner::Entry],
     ) -> Option<(Vec<Placed>, Duration)> {
         let started = Instant::now();
@@ -576,7 +583,14 @@ impl Engine {
             .collect();
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         let reused_before = ctx.graphs_reused();
-        if let Err(e) = ctx.decode_watching(&self.batch, &watch) {
+        let home = placed
+            .first()
+            .map_or(contexts::MAIN, |&(slot, _, _)| ctx.home(slot));
+        debug_assert!(
+            placed.iter().all(|&(slot, _, _)| ctx.home(slot) == home),
+            "a pass's sequences live in one context"
+        );
+        if let Err(e) = ctx.decode_watching(home, &self.batch, &watch) {
             if e == ffi::DecodeError::Aborted {
                 self.metrics.decodes_aborted.fetch_add(1, Ordering::Relaxed);
                 for &(slot, _, _) in &placed {
@@ -601,7 +615,11 @@ impl Engine {
             }
             return None;
         }
-        self.metrics.record_attention(count.prefill, count.decode);
+        // They choose the main context's pairing at the next start: the
+        // short requests' context's tokens are not its to serve.
+        if home == contexts::MAIN {
+            self.metrics.record_attention(count.prefill, count.decode);
+        }
         self.metrics.graphs_reused.fetch_add(
             ctx.graphs_reused().saturating_sub(reused_before),
             Ordering::Relaxed,

@@ -5,6 +5,7 @@
 //! decode tokens' padded span, which rides with them. An embedding request's
 //! chunks always go in a pass of their own, with embeddings on.
 
+use super::contexts::MAIN;
 use super::planner::{Entry, Plan, Work};
 
 /// Cells llama.cpp's attention spans for a stream holding `cells`: it pads
@@ -83,9 +84,59 @@ pub fn passes<'p>(
     Passes { passes, riders }
 }
 
+/// Splits each pass into one per context its sequences live in (`home` of
+/// a slot; `engine::contexts`), the main context's first: a pass is one
+/// context's `llama_decode`.
+pub fn by_home(
+    passes: Vec<(Vec<&Entry>, bool)>,
+    home: impl Fn(usize) -> usize,
+) -> Vec<(Vec<&Entry>, bool)> {
+    let mut out = Vec::with_capacity(passes.len());
+    for (pass, embeddings) in passes {
+        let (main, other): (Vec<&Entry>, Vec<&Entry>) =
+            pass.into_iter().partition(|e| home(e.slot) == MAIN);
+        out.extend(
+            [(main, embeddings), (other, embeddings)]
+                .into_iter()
+                .filter(|(p, _)| !p.is_empty()),
+        );
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
+    use super::super::contexts::SHORT;
     use super::*;
+
+    #[test]
+    fn a_pass_over_sequences_of_both_contexts_goes_as_two() {
+        let e = |slot, work| Entry { slot, work };
+        let chunk = Work::Prefill { n_tokens: 32 };
+        let plan = Plan {
+            entries: vec![
+                e(0, Work::Decode),
+                e(1, Work::Decode),
+                e(2, Work::Decode),
+                e(3, chunk),
+            ],
+        };
+        // Slots 1 and 2 are short requests; 0 and 3 (a long prompt) are not.
+        let home = |slot: usize| [MAIN, SHORT, SHORT, MAIN][slot];
+        let p = passes(&plan, true, |_| false, |_| 100);
+        assert_eq!(p.passes.len(), 2, "decode tokens apart from the chunk");
+        let split = by_home(p.passes, home);
+        let slots: Vec<Vec<usize>> = split
+            .iter()
+            .map(|(p, _)| p.iter().map(|e| e.slot).collect())
+            .collect();
+        assert_eq!(slots, vec![vec![0], vec![1, 2], vec![3]]);
+        // Every sequence in one context: the passes as they were.
+        let p = passes(&plan, true, |_| false, |_| 100);
+        assert_eq!(by_home(p.passes, |_| SHORT).len(), 2);
+        let p = passes(&plan, true, |_| false, |_| 100);
+        assert_eq!(by_home(p.passes, |_| MAIN).len(), 2);
+    }
 
     #[test]
     fn only_a_one_token_chunk_no_deeper_than_the_decode_pass_rides_in_it() {

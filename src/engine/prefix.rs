@@ -47,6 +47,9 @@ struct Entry {
     tokens: Arc<[Token]>,
     state: Vec<u8>,
     used_at: u64,
+    /// The context the state was saved from (`contexts`): it restores only
+    /// there.
+    home: usize,
 }
 
 /// What `insert` removed: tokens of the entries evicted for room (the ones
@@ -105,11 +108,12 @@ impl PrefixCache {
         self.bytes
     }
 
-    /// The entry sharing the longest prefix with `prompt`: (its id, tokens
-    /// shared, its length). The most recently used wins a tie.
-    pub fn best(&self, prompt: &[Token]) -> Option<(EntryId, usize, usize)> {
+    /// The entry of context `home` sharing the longest prefix with `prompt`:
+    /// (its id, tokens shared, its length). The most recently used wins a tie.
+    pub fn best(&self, prompt: &[Token], home: usize) -> Option<(EntryId, usize, usize)> {
         self.entries
             .iter()
+            .filter(|e| e.home == home)
             .map(|e| (e, common_prefix(&e.tokens, prompt)))
             .filter(|&(_, n)| n > 0)
             .max_by_key(|&(e, n)| (n, e.used_at))
@@ -135,8 +139,8 @@ impl PrefixCache {
     /// Keeps `tokens` and their KV `state` as a new entry. Entries the new one
     /// covers (their tokens are a prefix of its own) go; then the least
     /// recently used, while the bytes would pass the bound. A state larger
-    /// than the whole bound is not kept.
-    pub fn insert(&mut self, tokens: Vec<Token>, state: Vec<u8>) -> Inserted {
+    /// than the whole bound is not kept. `home`: the context it came from.
+    pub fn insert(&mut self, tokens: Vec<Token>, state: Vec<u8>, home: usize) -> Inserted {
         if tokens.is_empty() || state.len() > self.bytes_max {
             return Inserted::default();
         }
@@ -148,6 +152,7 @@ impl PrefixCache {
             tokens: tokens.into(),
             state,
             used_at: self.clock,
+            home,
         });
         self.publish();
         out
@@ -210,14 +215,14 @@ mod tests {
     #[test]
     fn room_is_made_before_a_state_is_allocated() {
         let mut c = PrefixCache::new(100);
-        c.insert(vec![1, 2, 3], state(40));
-        c.insert(vec![4, 5, 6], state(40));
+        c.insert(vec![1, 2, 3], state(40), 0);
+        c.insert(vec![4, 5, 6], state(40), 0);
         // 60 more bytes: the least recently used entry goes first, so that the
         // new state's allocation never takes the cache past its bound.
         let made = c.make_room(&[7, 8, 9], 60);
         assert_eq!(made.evicted_tokens, 3);
         assert_eq!(c.bytes(), 40);
-        let kept = c.insert(vec![7, 8, 9], state(60));
+        let kept = c.insert(vec![7, 8, 9], state(60), 0);
         assert_eq!(kept.evicted_tokens, 0, "the room was made already");
         assert_eq!(c.bytes(), 100);
         // A state larger than the whole bound evicts nothing.
@@ -228,35 +233,35 @@ mod tests {
     #[test]
     fn the_longest_prefix_wins_then_the_most_recent() {
         let mut c = PrefixCache::new(1000);
-        c.insert(vec![1, 2, 3, 4], state(10));
-        c.insert(vec![1, 2, 9], state(10));
-        let (a, n, len) = c.best(&[1, 2, 3, 4, 5]).unwrap();
+        c.insert(vec![1, 2, 3, 4], state(10), 0);
+        c.insert(vec![1, 2, 9], state(10), 0);
+        let (a, n, len) = c.best(&[1, 2, 3, 4, 5], 0).unwrap();
         assert_eq!((n, len), (4, 4));
-        let (b, n, _) = c.best(&[1, 2, 9, 9]).unwrap();
+        let (b, n, _) = c.best(&[1, 2, 9, 9], 0).unwrap();
         assert_eq!(n, 3);
-        assert_eq!(c.best(&[1, 2, 7]).unwrap().0, b, "a tie: the newer");
+        assert_eq!(c.best(&[1, 2, 7], 0).unwrap().0, b, "a tie: the newer");
         assert!(c.take_use(a).is_some());
-        assert_eq!(c.best(&[1, 2, 7]).unwrap().0, a, "a was used since");
-        assert_eq!(c.best(&[7]), None);
+        assert_eq!(c.best(&[1, 2, 7], 0).unwrap().0, a, "a was used since");
+        assert_eq!(c.best(&[7], 0), None);
         assert_eq!(c.bytes(), 20);
     }
 
     #[test]
     fn entries_past_the_byte_bound_go_least_recently_used_first() {
         let mut c = PrefixCache::new(100);
-        c.insert(vec![1, 1], state(40));
-        c.insert(vec![2, 2, 2], state(40));
-        let a = c.best(&[1, 1]).unwrap().0;
+        c.insert(vec![1, 1], state(40), 0);
+        c.insert(vec![2, 2, 2], state(40), 0);
+        let a = c.best(&[1, 1], 0).unwrap().0;
         c.take_use(a);
-        let i = c.insert(vec![3], state(40));
+        let i = c.insert(vec![3], state(40), 0);
         assert_eq!(i.evicted_tokens, 3, "[2, 2, 2] was used longest ago");
         assert_eq!(c.len(), 2);
         assert_eq!(c.bytes(), 80);
-        assert!(c.best(&[2, 2, 2]).is_none());
-        let i = c.insert(vec![4], state(100));
+        assert!(c.best(&[2, 2, 2], 0).is_none());
+        let i = c.insert(vec![4], state(100), 0);
         assert_eq!(i.evicted_tokens, 3, "both others go for the whole bound");
         assert_eq!(c.bytes(), 100);
-        let i = c.insert(vec![5], state(101));
+        let i = c.insert(vec![5], state(101), 0);
         assert_eq!(i, Inserted::default(), "larger than the bound: not kept");
         assert_eq!(c.len(), 1);
     }
@@ -264,28 +269,40 @@ mod tests {
     #[test]
     fn an_entry_covered_by_a_longer_one_goes() {
         let mut c = PrefixCache::new(1000);
-        c.insert(vec![1, 2, 3], state(30));
-        c.insert(vec![1, 5], state(20));
-        let i = c.insert(vec![1, 2, 3, 4, 5], state(50));
+        c.insert(vec![1, 2, 3], state(30), 0);
+        c.insert(vec![1, 5], state(20), 0);
+        let i = c.insert(vec![1, 2, 3, 4, 5], state(50), 0);
         assert_eq!(i.evicted_tokens, 0, "turn 2 holds all of turn 1");
         assert_eq!(c.len(), 2);
         assert_eq!(c.bytes(), 70);
-        assert_eq!(c.best(&[1, 5]).unwrap().1, 2);
+        assert_eq!(c.best(&[1, 5], 0).unwrap().1, 2);
+    }
+
+    #[test]
+    fn an_entry_restores_only_into_the_context_it_came_from() {
+        let mut c = PrefixCache::new(1000);
+        c.insert(vec![1, 2, 3], state(10), 1);
+        assert_eq!(c.best(&[1, 2, 3, 4], 0), None, "saved from the other one");
+        assert_eq!(c.best(&[1, 2, 3, 4], 1).map(|b| b.1), Some(3));
+        // A longer entry from the other context still covers it.
+        c.insert(vec![1, 2, 3, 4], state(10), 0);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c.best(&[1, 2, 3, 4], 1), None);
     }
 
     #[test]
     fn a_cache_of_no_bytes_keeps_nothing() {
         let mut c = PrefixCache::new(0);
         assert!(!c.is_enabled());
-        c.insert(vec![1, 2], state(1));
-        assert_eq!(c.best(&[1, 2]), None);
+        c.insert(vec![1, 2], state(1), 0);
+        assert_eq!(c.best(&[1, 2], 0), None);
     }
 
     #[test]
     fn changes_are_told_once() {
         let mut c = PrefixCache::new(1000);
         assert_eq!(c.take_changed(), None);
-        c.insert(vec![1, 2, 3], state(10));
+        c.insert(vec![1, 2, 3], state(10), 0);
         let told = c.take_changed().expect("an entry came");
         assert_eq!(&told[0][..], &[1, 2, 3]);
         assert_eq!(c.take_changed(), None, "told already");

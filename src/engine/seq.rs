@@ -10,7 +10,7 @@ const OUTBOX_EVENTS_MAX: usize = 3;
 impl Engine {
     /// Advances one sequence after a successful decode of its `n` tokens at batch
     /// indices `first..first + n`.
-    pub(super) fn after_decode(&mut self, ctx: &mut Context, slot: usize, first: usize, n: usize) {
+    pub(super) fn after_decode(&mut self, ctx: &mut Contexts, slot: usize, first: usize, n: usize) {
         if self.slots[slot]
             .as_ref()
             .is_some_and(|s| s.job.embed().is_some())
@@ -31,7 +31,7 @@ impl Engine {
             seq.kv_tokens.push(t);
         }
         if was_prefill && seq.job.echo_logprobs() {
-            echo_prompt_logprobs(seq, ctx, &self.batch, &model, first, n);
+            echo_prompt_logprobs(seq, ctx.last(), &self.batch, &model, first, n);
         }
         seq.n_past += n;
         if seq.n_past < prompt_len {
@@ -57,7 +57,7 @@ impl Engine {
 
         // The last token of this chunk has logits: sample the next token.
         let at = first + n - 1;
-        let (token, logprob) = sample_next(seq, ctx, &self.batch, &model, at);
+        let (token, logprob) = sample_next(seq, ctx.last(), &self.batch, &model, at);
         count_token(&self.metrics, seq);
 
         let eog = model.is_eog(token) && !seq.job.ignore_eos();
@@ -85,7 +85,7 @@ impl Engine {
     /// batch indices `first..first + n` (all of one input): their states
     /// pooled; at the input's end its vector is sent and its cells freed for
     /// the next input; after the last one, the request ends.
-    fn after_embed(&mut self, ctx: &mut Context, slot: usize, first: usize, n: usize) {
+    fn after_embed(&mut self, ctx: &mut Contexts, slot: usize, first: usize, n: usize) {
         let seq = self.slots[slot].as_mut().expect("decoded slot is active");
         let spec = seq.job.embed().expect("an embedding job");
         let (index, start, end) = spec.input_at(seq.n_past);
@@ -118,7 +118,7 @@ impl Engine {
     }
 
     /// Ends generation: flushes held text, queues `End`, frees KV cells now.
-    pub(super) fn finish(&mut self, ctx: &mut Context, slot: usize, finish: FinishReason) {
+    pub(super) fn finish(&mut self, ctx: &mut Contexts, slot: usize, finish: FinishReason) {
         let seq_arrival = self.slots[slot]
             .as_ref()
             .expect("finishing slot is active")
@@ -169,7 +169,7 @@ impl Engine {
         self.flush(ctx, slot);
     }
 
-    pub(super) fn fail(&mut self, ctx: &mut Context, slot: usize, message: String) {
+    pub(super) fn fail(&mut self, ctx: &mut Contexts, slot: usize, message: String) {
         let Some(seq) = self.slots[slot].as_mut() else {
             return;
         };
@@ -191,7 +191,7 @@ impl Engine {
     /// Sends what the sequence's outbox holds, as far as its channel takes it.
     /// A full channel leaves the rest for later (the sequence stays paused); a
     /// closed one means the client left: cancel and free everything now.
-    pub(super) fn flush(&mut self, ctx: &mut Context, slot: usize) {
+    pub(super) fn flush(&mut self, ctx: &mut Contexts, slot: usize) {
         let seq = self.slots[slot].as_mut().expect("flushing slot is active");
         let mut gone = false;
         while let Some(event) = seq.outbox.pop_front() {
@@ -228,7 +228,7 @@ impl Engine {
 
     /// Cancels what the handlers gave up on, and what stalled: before each step,
     /// so a cancelled sequence never takes another one.
-    pub(super) fn reap(&mut self, ctx: &mut Context) {
+    pub(super) fn reap(&mut self, ctx: &mut Contexts) {
         let now = Instant::now();
         let shutdown = self.shutdown.is_shutdown();
         for slot in 0..self.slots.len() {
@@ -254,7 +254,7 @@ impl Engine {
     /// Ends a sequence before its time: frees its KV cells and its slot, and
     /// counts why. A sequence already done (its answer complete, only not
     /// delivered) was counted as completed and just leaves.
-    pub(super) fn cancel(&mut self, ctx: &mut Context, slot: usize, reason: CancelReason) {
+    pub(super) fn cancel(&mut self, ctx: &mut Contexts, slot: usize, reason: CancelReason) {
         let Some(seq) = self.slots[slot].as_ref() else {
             return;
         };
@@ -274,7 +274,7 @@ impl Engine {
         self.slots[slot] = None;
     }
 
-    pub(super) fn deliver_outboxes(&mut self, ctx: &mut Context) {
+    pub(super) fn deliver_outboxes(&mut self, ctx: &mut Contexts) {
         for slot in 0..self.slots.len() {
             if self.slots[slot]
                 .as_ref()

@@ -146,6 +146,8 @@ pub struct Metrics {
     /// Finished sequences not kept because their state alone is larger than
     /// the prefix cache's bound (never copied).
     pub prefix_too_large: AtomicU64,
+    /// Requests started in the short requests' context (`--short-cells`).
+    pub short_context_starts: AtomicU64,
     prefix_entries: AtomicUsize,
     prefix_bytes: AtomicUsize,
     /// Tokens of a finished sequence whose cells wait in the KV cache to be saved.
@@ -241,6 +243,7 @@ impl Default for Metrics {
             prefix_tokens_reused: AtomicU64::new(0),
             prefix_tokens_evicted: AtomicU64::new(0),
             prefix_too_large: AtomicU64::new(0),
+            short_context_starts: AtomicU64::new(0),
             prefix_entries: AtomicUsize::new(0),
             prefix_bytes: AtomicUsize::new(0),
             prefix_parked_tokens: AtomicUsize::new(0),

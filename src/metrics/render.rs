@@ -132,7 +132,7 @@ impl Metrics {
         for (name, help, values) in [
             (
                 "sluice_attention_tokens_total",
-                "Tokens computed in generation passes, by kind: prompt chunks' or decode tokens.",
+                "Tokens computed in the main context's generation passes (not the short requests' context, --short-cells: these counts choose the main context's attention pairing at the next start), by kind: prompt chunks' or decode tokens.",
                 &self.attention_tokens,
             ),
             (
@@ -169,6 +169,12 @@ impl Metrics {
             "sluice_prefix_cache_too_large_total",
             "Finished sequences not kept because their KV state alone is larger than --prefix-cache-mb (never copied out).",
             l(&self.prefix_too_large),
+        );
+        counter(
+            out,
+            "sluice_short_context_requests_total",
+            "Requests started in the second context (flash attention on, f16 cache) for requests whose prompt and max_tokens fit --short-cells; the others run in the main context.",
+            l(&self.short_context_starts),
         );
         gauge(
             out,

@@ -147,10 +147,20 @@ fn background_stream(
     prompt: &str,
     stop: Arc<AtomicBool>,
 ) -> (std::thread::JoinHandle<usize>, Arc<AtomicUsize>) {
+    background_stream_of(addr, prompt, 2000, stop)
+}
+
+/// `background_stream` of at most `max_tokens` tokens.
+fn background_stream_of(
+    addr: std::net::SocketAddr,
+    prompt: &str,
+    max_tokens: usize,
+    stop: Arc<AtomicBool>,
+) -> (std::thread::JoinHandle<usize>, Arc<AtomicUsize>) {
     let received = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&received);
     let body = json!({
-        "prompt": prompt, "stream": true, "max_tokens": 2000, "ignore_eos": true,
+        "prompt": prompt, "stream": true, "max_tokens": max_tokens, "ignore_eos": true,
         "temperature": 0.8, "seed": 7, "logprobs": 0,
     });
     let handle = std::thread::spawn(move || {
@@ -250,6 +260,96 @@ fn teacher_forcing_a_sequence_among_three_others_keeps_its_logits() {
     for i in n_prompt..len {
         assert_eq!(alone.top1[i].as_deref(), Some(alone.texts[i].as_str()));
     }
+}
+
+#[test]
+fn short_and_long_requests_run_in_two_contexts_and_keep_their_logits_beside_each_other() {
+    // Requests of at most 256 cells (prompt + max_tokens) run in the second
+    // context (flash attention on, f16 cache), longer ones in the main one.
+    let short_cells = 256;
+    let srv = Server::start(&[
+        "--short-cells",
+        &short_cells.to_string(),
+        "--parallel",
+        "4",
+        "--queue-depth",
+        "4",
+        "--step-tokens",
+        "16",
+    ]);
+    assert!(
+        srv.log().contains("run in a second context"),
+        "no second context:\n{}",
+        srv.log()
+    );
+    let starts = || srv.metric("sluice_short_context_requests_total");
+    assert_eq!(starts(), 0.0);
+    // Greedy answers with every token's log-probability: a short one (~10 +
+    // 32 cells) and one whose prompt alone passes 256 cells.
+    let generate = |prompt: Value, max_tokens: usize| {
+        let r = srv.post(
+            "/v1/completions",
+            &json!({"prompt": prompt, "temperature": 0, "max_tokens": max_tokens,
+                    "ignore_eos": true, "logprobs": 1, "echo": true}),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        scored(&r.body_json())
+    };
+    let short_prompt = json!("The history of the printing press begins");
+    let long_prompt = json!(long_prompt(15));
+    let short = generate(short_prompt.clone(), 32);
+    let long = generate(long_prompt.clone(), 16);
+    assert!(
+        long.token_ids.len() > short_cells,
+        "the long request holds {} cells",
+        long.token_ids.len()
+    );
+    assert_eq!(starts(), 1.0, "the short request only");
+
+    // Each again, decoding beside two streams, one in each context (the
+    // short one first: a short request joins the main context when only it
+    // runs sequences): every step's decode tokens are in both, in two
+    // passes. A token, KV cell or logits row in the wrong context gives
+    // garbage; in its own, each row is computed as it was alone.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut streams = Vec::new();
+    for (prompt, max_tokens) in [
+        ("List the planets:", 240),
+        ("Write a poem about the sea.", 2000),
+    ] {
+        let (stream, received) =
+            background_stream_of(srv.addr, prompt, max_tokens, Arc::clone(&stop));
+        wait_until(Duration::from_secs(120), "the stream to decode", || {
+            received.load(Ordering::Relaxed) >= 2
+        });
+        streams.push((stream, received));
+    }
+    assert_eq!(starts(), 2.0, "the short stream in the second context");
+    for (prompt, max_tokens, alone, what) in [
+        (&short_prompt, 32, &short, "a short request beside both"),
+        (&long_prompt, 16, &long, "a long request beside both"),
+    ] {
+        let before: Vec<usize> = streams
+            .iter()
+            .map(|(_, n)| n.load(Ordering::Relaxed))
+            .collect();
+        let beside = generate(prompt.clone(), max_tokens);
+        assert_eq!(beside.texts, alone.texts, "{what}");
+        compare(alone, &beside, 1).check(what);
+        for ((_, n), before) in streams.iter().zip(before) {
+            assert!(
+                n.load(Ordering::Relaxed) > before,
+                "{what}: a stream decoded meanwhile"
+            );
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for (stream, _) in streams {
+        stream.join().expect("background stream");
+    }
+    // Placed by size: the short request twice and the short stream in the
+    // second context; the long request twice and the long stream in the main.
+    assert_eq!(starts(), 3.0);
 }
 
 fn score_long_prompt(step_tokens: &str, prompt: &str) -> Scored {

@@ -1,0 +1,210 @@
+//! The engine's llama contexts: the main one, with the attention pairing
+//! chosen for this machine, and optionally a second one on the same model
+//! and threadpool for short requests (`--short-cells`), with flash attention
+//! on and an f16 cache.
+//!
+//! Why two: on a CPU whose kernels favour neither pairing outright (the
+//! 2-core AVX2 Zen 1 of bench/results/2026-12-06-zen1/), flash attention
+//! with an f16 cache decodes a shallow stream 13-18 % faster (one fused op
+//! per layer where the other pairing runs five, and masked cells skipped),
+//! and takes a whole prompt as fast; but a small prompt chunk deep in a long
+//! prompt, what the ITL target cuts one into beside streams, costs it 2-3x
+//! (ggml's tiled kernel needs 64 queries a pass). One pairing cannot serve
+//! both chats and a long prompt beside them at the peer's speed; a request
+//! whose prompt and answer fit `short_cells` is served by the second
+//! context, every other one by the main. Each sequence id has a *home*: the
+//! context its cells are in. Sequences of one pass share a home (a pass is
+//! one `llama_decode`), so a step whose decoding streams live in both makes
+//! one more pass over the weights.
+
+use crate::ffi::{AbortWatch, Batch, Context, DecodeError};
+use std::sync::atomic::AtomicU8;
+use std::sync::Arc;
+
+/// The main context's home.
+pub const MAIN: usize = 0;
+/// The short requests' context's home.
+pub const SHORT: usize = 1;
+
+/// Where a request runs: the short requests' context if it `fits` there,
+/// unless sequences run in the main context only (`running`, by home): then
+/// it joins them, since a step whose decode tokens are in both contexts
+/// makes one more pass over the weights (on the Zen 1, a decode pass of a
+/// few tokens is ~15 ms; what the pairing saves a short request is 13-18 %
+/// of its own). A request that does not fit always runs in the main one.
+pub fn place(fits: bool, running: [bool; 2]) -> usize {
+    match (fits, running) {
+        (false, _) => MAIN,
+        (true, [true, false]) => MAIN,
+        (true, _) => SHORT,
+    }
+}
+
+pub struct Contexts {
+    /// `[main]`, or `[main, short]`.
+    ctxs: Vec<Context>,
+    /// Each sequence id's context.
+    home: Vec<usize>,
+    /// The context of the last `decode_watching`, whose outputs are read.
+    last: usize,
+    /// Most cells of a request served by the short requests' context.
+    short_cells: usize,
+}
+
+impl Contexts {
+    /// One context for every request.
+    pub fn one(main: Context) -> Contexts {
+        Contexts {
+            ctxs: vec![main],
+            home: Vec::new(),
+            last: MAIN,
+            short_cells: 0,
+        }
+    }
+
+    /// `main`, and `short` for the requests of at most `short_cells` cells
+    /// (its streams hold at least that many); `n_seq` sequence ids, each at
+    /// home in `main` until placed.
+    pub fn with_short(main: Context, short: Context, n_seq: usize, short_cells: usize) -> Contexts {
+        assert!(
+            short.n_ctx_seq() >= short_cells,
+            "short streams hold short requests"
+        );
+        Contexts {
+            ctxs: vec![main, short],
+            home: vec![MAIN; n_seq],
+            last: MAIN,
+            short_cells,
+        }
+    }
+
+    /// Most cells of a request served by the short requests' context, if
+    /// there is one.
+    pub fn short_cells(&self) -> Option<usize> {
+        (self.ctxs.len() > SHORT).then_some(self.short_cells)
+    }
+
+    /// Cells each stream of the short requests' context holds, if there is
+    /// one.
+    pub fn short_stream_cells(&self) -> Option<usize> {
+        self.ctxs.get(SHORT).map(Context::n_ctx_seq)
+    }
+
+    /// The context sequence `seq`'s cells are in.
+    pub fn home(&self, seq: usize) -> usize {
+        self.home.get(seq).copied().unwrap_or(MAIN)
+    }
+
+    /// Moves sequence `seq` to context `home`, freeing whatever it held in
+    /// the other.
+    pub fn set_home(&mut self, seq: usize, home: usize) {
+        assert!(home < self.ctxs.len(), "no context {home}");
+        let old = self.home(seq);
+        if old != home {
+            self.ctxs[old].clear_sequence(seq as i32);
+            self.home[seq] = home;
+        }
+    }
+
+    fn of(&mut self, seq: i32) -> &mut Context {
+        let home = self.home(seq as usize);
+        &mut self.ctxs[home]
+    }
+
+    /// The main context (start-up, calibration).
+    pub fn main(&mut self) -> &mut Context {
+        &mut self.ctxs[MAIN]
+    }
+
+    /// The context the last pass ran in, whose logits are read.
+    pub fn last(&mut self) -> &mut Context {
+        &mut self.ctxs[self.last]
+    }
+
+    pub fn n_batch(&self) -> usize {
+        self.ctxs[MAIN].n_batch()
+    }
+
+    pub fn abort_handle(&self) -> Arc<AbortWatch> {
+        self.ctxs[MAIN].abort_handle()
+    }
+
+    /// Decodes `batch`, all of whose sequences are at home in `home`.
+    pub fn decode_watching(
+        &mut self,
+        home: usize,
+        batch: &Batch,
+        watch: &[Arc<AtomicU8>],
+    ) -> Result<(), DecodeError> {
+        self.last = home;
+        self.ctxs[home].decode_watching(batch, watch)
+    }
+
+    pub fn graphs_reused(&self) -> u64 {
+        self.ctxs.iter().map(Context::graphs_reused).sum()
+    }
+
+    pub fn set_embeddings(&mut self, on: bool) {
+        self.ctxs.iter_mut().for_each(|c| c.set_embeddings(on));
+    }
+
+    pub fn embedding(&mut self, batch: &Batch, i: usize) -> &[f32] {
+        self.last().embedding(batch, i)
+    }
+
+    pub fn clear_all_cells(&mut self) {
+        self.ctxs.iter_mut().for_each(Context::clear_all_cells);
+    }
+
+    pub fn clear_sequence(&mut self, seq: i32) {
+        self.of(seq).clear_sequence(seq);
+    }
+
+    /// Within one context only: `dst` is moved to `src`'s first.
+    pub fn share_cells(&mut self, src: i32, dst: i32, p0: i32, p1: i32) {
+        let home = self.home(src as usize);
+        if (dst as usize) < self.home.len() {
+            self.set_home(dst as usize, home);
+        }
+        self.ctxs[home].share_cells(src, dst, p0, p1);
+    }
+
+    pub fn truncate_sequence(&mut self, seq: i32, from: i32) {
+        self.of(seq).truncate_sequence(seq, from);
+    }
+
+    pub fn sequence_state_size(&mut self, seq: i32) -> usize {
+        self.of(seq).sequence_state_size(seq)
+    }
+
+    pub fn save_sequence(&mut self, seq: i32) -> Vec<u8> {
+        self.of(seq).save_sequence(seq)
+    }
+
+    /// False also for a state saved in the other context (its KV types
+    /// differ: llama.cpp refuses it).
+    pub fn restore_sequence(&mut self, seq: i32, state: &[u8]) -> bool {
+        self.of(seq).restore_sequence(seq, state)
+    }
+
+    pub fn sequence_pos_max(&self, seq: i32) -> i32 {
+        self.ctxs[self.home(seq as usize)].sequence_pos_max(seq)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_request_joins_the_main_context_only_when_it_alone_runs() {
+        // Too long for the short context: the main one, whatever runs.
+        for running in [[false, false], [true, false], [false, true], [true, true]] {
+            assert_eq!(place(false, running), MAIN);
+        }
+        assert_eq!(place(true, [false, false]), SHORT, "nothing runs");
+        assert_eq!(place(true, [false, true]), SHORT);
+        assert_eq!(place(true, [true, true]), SHORT, "both pass anyway");
+        assert_eq!(place(true, [true, false]), MAIN, "no second pass for it");
+    }
+}
