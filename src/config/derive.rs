@@ -152,20 +152,20 @@ pub(super) fn check_http_ranges(a: &ServeArgs) -> Result<(), String> {
 }
 
 /// The KV cache type and flash attention setting: a q8_0 cache needs flash
-/// attention (llama.cpp quantizes the V cache only with it), so it implies it.
-pub(super) fn attention(
-    kv_type: KvTypeSetting,
-    flash_attn: FlashAttnSetting,
-) -> Result<(KvTypeSetting, FlashAttnSetting), String> {
+/// attention (llama.cpp quantizes the V cache only with it), so it implies it;
+/// and the short requests' context's cells (`short_cells`).
+pub(super) fn attention(a: &ServeArgs) -> Result<(KvTypeSetting, FlashAttnSetting, usize), String> {
     let q8 = KvTypeSetting::Fixed(KvType::Q8_0);
-    match (kv_type, flash_attn) {
-        (k, FlashAttnSetting::Fixed(FlashAttn::Off)) if k == q8 => Err(
+    let short = short_cells(a)?;
+    let (kv, flash) = match (a.kv_type, a.flash_attn) {
+        (k, FlashAttnSetting::Fixed(FlashAttn::Off)) if k == q8 => return Err(
             "--kv-type q8_0 needs flash attention (llama.cpp quantizes the V cache only with it): add --flash-attn on".into(),
         ),
         // Nothing to measure: a quantized V cache exists only with it.
-        (k, FlashAttnSetting::Measure) if k == q8 => Ok((k, FlashAttnSetting::Fixed(FlashAttn::On))),
-        (k, f) => Ok((k, f)),
-    }
+        (k, FlashAttnSetting::Measure) if k == q8 => (k, FlashAttnSetting::Fixed(FlashAttn::On)),
+        (k, f) => (k, f),
+    };
+    Ok((kv, flash, short))
 }
 
 /// Cells of the short requests' context's streams by default (`--short-cells`):

@@ -285,8 +285,7 @@ impl Config {
         let cpus = compute_cpus(a.threads)?;
         derive::check_engine_ranges(&a)?;
         derive::check_http_ranges(&a)?;
-        let (kv_type, flash_attn) = derive::attention(a.kv_type, a.flash_attn)?;
-        let short_cells = derive::short_cells(&a)?;
+        let (kv_type, flash_attn, short_cells) = derive::attention(&a)?;
         let queue_wait_ms = a.queue_wait_ms.unwrap_or(QUEUE_WAIT_MS_DEFAULT);
         check_range("--queue-wait-ms", queue_wait_ms, 1, DURATION_MS_MAX)?;
         let interactive_slots = derive::interactive_slots(&a)?;

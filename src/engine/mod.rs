@@ -19,6 +19,7 @@ pub mod contexts;
 pub mod cost;
 mod dequeue;
 mod kv;
+mod model_file;
 mod passes;
 mod seq;
 
@@ -41,6 +42,7 @@ use codel::{Codel, Verdict};
 use contexts::Contexts;
 use cost::{Chunk, CostModel};
 use crossbeam_channel::{Select, TrySendError};
+pub use model_file::load_model;
 use planner::{Phase, SeqView, Work};
 use prefix::{EntryId, PrefixCache};
 use std::collections::VecDeque;
@@ -512,15 +514,9 @@ impl Engine {
         self.publish_gauges();
     }
 
-    /// Decodes `entries` in one llama.cpp call. Returns each entry's (slot,
-    /// first batch index, tokens) and the call's time; `None` when it failed
-    /// or was aborted (its sequences are then failed or cancelled).
-    fn decode_pass(
-        &mut self,
-        ctx: &mut Contexts,
-        entries: &[&planner::Entry],
-    ) -> Option<(Vec<Placed>, Duration)> {
-        let started = Instant::now();
+    /// Puts `entries` in the batch: each one's (slot, first batch index,
+    /// tokens), and what the pass counts for the attention pairing's choice.
+    fn fill_batch(&mut self, entries: &[&planner::Entry]) -> (Vec<Placed>, served::PassCount) {
         self.batch.clear();
         let mut placed: Vec<Placed> = Vec::with_capacity(entries.len());
         // llama.cpp takes the sequences of one pass over the weights in
@@ -574,7 +570,19 @@ impl Engine {
                 }
             }
         }
+        (placed, count)
+    }
 
+    /// Decodes `entries` in one llama.cpp call. Returns each entry's (slot,
+    /// first batch index, tokens) and the call's time; `None` when it failed
+    /// or was aborted (its sequences are then failed or cancelled).
+    fn decode_pass(
+        &mut self,
+        ctx: &mut Contexts,
+        entries: &[&planner::Entry],
+    ) -> Option<(Vec<Placed>, Duration)> {
+        let started = Instant::now();
+        let (placed, count) = self.fill_batch(entries);
         // A pass whose every sequence is cancelled meanwhile stops mid-way.
         let watch: Vec<_> = placed
             .iter()
@@ -661,43 +669,4 @@ impl Engine {
             .sojourn_above_target
             .store(above, Ordering::Relaxed);
     }
-}
-
-/// GGUF files start with these four bytes.
-const GGUF_MAGIC: &[u8; 4] = b"GGUF";
-/// Smaller than any real GGUF header plus tensor data.
-const GGUF_BYTES_MIN: u64 = 1024;
-
-/// Checks the model file for the usual mistakes (missing, not GGUF, cut short),
-/// with a message that says which, then loads it.
-pub fn load_model(path: &std::path::Path, mmap: bool) -> Result<Model, String> {
-    use std::io::Read;
-    let meta = std::fs::metadata(path).map_err(|e| {
-        format!(
-            "model file {}: {e}. Fetch the default model with 'models/fetch', or pass --model PATH",
-            path.display()
-        )
-    })?;
-    if !meta.is_file() {
-        return Err(format!("model path {} is not a file", path.display()));
-    }
-    let mut magic = [0u8; 4];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut magic))
-        .map_err(|e| format!("cannot read model file {}: {e}", path.display()))?;
-    if &magic != GGUF_MAGIC {
-        return Err(format!(
-            "{} is not a GGUF file (it starts with {:02x?}, not \"GGUF\")",
-            path.display(),
-            magic
-        ));
-    }
-    if meta.len() < GGUF_BYTES_MIN {
-        return Err(format!(
-            "{} has only {} bytes: the file is truncated",
-            path.display(),
-            meta.len()
-        ));
-    }
-    Model::load(path, mmap).map_err(|e| format!("{e}; the file may be truncated or corrupt"))
 }
