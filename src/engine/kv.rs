@@ -40,7 +40,10 @@ impl Engine {
         tokens: Vec<Token>,
         (runs, exact): (usize, bool),
     ) {
-        let room = self.prefix.make_room(&tokens, ctx.sequence_state_size(seq));
+        let home = ctx.home(seq as usize);
+        let room = self
+            .prefix
+            .make_room(&tokens, ctx.sequence_state_size(seq), home);
         let started = Instant::now();
         let state = ctx.save_sequence(seq);
         if exact && runs >= SAVE_RUNS_LEARN_MIN {
@@ -50,7 +53,7 @@ impl Engine {
                     .map_or(s, |old| old + SAVE_COST_WEIGHT * (s - old)),
             );
         }
-        let kept = self.prefix.insert(tokens, state, ctx.home(seq as usize));
+        let kept = self.prefix.insert(tokens, state, home);
         self.metrics.prefix_tokens_evicted.fetch_add(
             (room.evicted_tokens + kept.evicted_tokens) as u64,
             Ordering::Relaxed,

@@ -144,7 +144,7 @@ impl PrefixCache {
         if tokens.is_empty() || state.len() > self.bytes_max {
             return Inserted::default();
         }
-        let out = self.make_room(&tokens, state.len());
+        let out = self.make_room(&tokens, state.len(), home);
         self.clock += 1;
         self.bytes += state.len();
         self.entries.push(Entry {
@@ -158,11 +158,13 @@ impl PrefixCache {
         out
     }
 
-    /// Before an entry of `tokens` and `bytes` of state is made: drops the
-    /// entries it covers, then the least recently used while the bytes would
+    /// Before an entry of `tokens` and `bytes` of state is made in context
+    /// `home`: drops the entries of that context it covers (one of the other
+    /// context still serves the requests placed there), then the least
+    /// recently used while the bytes would
     /// pass the bound, so that the state is allocated into room already made
     /// (the process's peak memory stays within the bound).
-    pub fn make_room(&mut self, tokens: &[Token], bytes: usize) -> Inserted {
+    pub fn make_room(&mut self, tokens: &[Token], bytes: usize, home: usize) -> Inserted {
         let mut out = Inserted::default();
         if tokens.is_empty() || bytes > self.bytes_max {
             return out;
@@ -170,6 +172,7 @@ impl PrefixCache {
         let covered: Vec<EntryId> = self
             .entries
             .iter()
+            .filter(|e| e.home == home)
             .filter(|e| e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens))
             .map(|e| e.id)
             .collect();
@@ -219,14 +222,14 @@ mod tests {
         c.insert(vec![4, 5, 6], state(40), 0);
         // 60 more bytes: the least recently used entry goes first, so that the
         // new state's allocation never takes the cache past its bound.
-        let made = c.make_room(&[7, 8, 9], 60);
+        let made = c.make_room(&[7, 8, 9], 60, 0);
         assert_eq!(made.evicted_tokens, 3);
         assert_eq!(c.bytes(), 40);
         let kept = c.insert(vec![7, 8, 9], state(60), 0);
         assert_eq!(kept.evicted_tokens, 0, "the room was made already");
         assert_eq!(c.bytes(), 100);
         // A state larger than the whole bound evicts nothing.
-        assert_eq!(c.make_room(&[1], 101).evicted_tokens, 0);
+        assert_eq!(c.make_room(&[1], 101, 0).evicted_tokens, 0);
         assert_eq!(c.len(), 2);
     }
 
@@ -284,10 +287,16 @@ mod tests {
         c.insert(vec![1, 2, 3], state(10), 1);
         assert_eq!(c.best(&[1, 2, 3, 4], 0), None, "saved from the other one");
         assert_eq!(c.best(&[1, 2, 3, 4], 1).map(|b| b.1), Some(3));
-        // A longer entry from the other context still covers it.
+        // A longer entry of the other context does not cover it: a request
+        // placed in context 1 could not use that one.
         c.insert(vec![1, 2, 3, 4], state(10), 0);
-        assert_eq!(c.len(), 1);
-        assert_eq!(c.best(&[1, 2, 3, 4], 1), None);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.best(&[1, 2, 3], 1).map(|b| b.1), Some(3));
+        assert_eq!(c.best(&[1, 2, 3, 4], 0).map(|b| b.1), Some(4));
+        // One of its own does.
+        c.insert(vec![1, 2, 3, 4, 5], state(10), 1);
+        assert_eq!(c.len(), 2);
+        assert_eq!(c.best(&[1, 2, 3], 1).map(|b| b.1), Some(3));
     }
 
     #[test]
