@@ -38,7 +38,11 @@ fn complete(srv: &Server, body: Value) -> Value {
 
 #[test]
 fn a_reused_prefix_gives_the_logits_of_a_fresh_prefill() {
-    let srv = Server::start(&["--parallel", "2"]);
+    // One context (flash attention off here): with flash attention on (the
+    // short requests' context), the prompt's last token recomputed alone
+    // takes ggml's one-query kernel where the fresh prefill took its 64x64
+    // tiles, and a near-tie 31 tokens in flipped once in CI (session 41).
+    let srv = Server::start(&["--parallel", "2", "--short-cells", "0"]);
     let n_gen = 32;
     let prompt = long_prompt(20);
     let body = |prompt: Value, n: usize| json!({"prompt": prompt, "max_tokens": n, "temperature": 0, "ignore_eos": true, "logprobs": 1});
