@@ -168,12 +168,11 @@ fn engine_main(
             return;
         }
     };
-    let ctx = short_context(ctx, &params, pairing, &plan);
+    let mut ctx = short_context(ctx, &params, pairing, &plan);
     let engine_cfg = plan.engine_cfg;
     // What one request may use: the cells admission reserves in all
     // (llama.cpp's are rounded up; `staggered_cells`).
     let short = ctx.short_cells().zip(ctx.short_stream_cells());
-    let mut ctx = ctx;
     let main = ctx.main();
     let n_ctx = engine_cfg.n_ctx.min(match engine_cfg.kv_layout {
         KvLayout::Unified => main.n_ctx(),

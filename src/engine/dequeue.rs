@@ -170,9 +170,11 @@ impl Engine {
                 .flatten()
                 .any(|s| s.job.id == first && !s.done)
         });
+        // The context it runs in, and so where a prefix may come from.
+        let home = self.home_for(ctx, &job);
         let (source, reuse) = match awaits_prompt_of {
             Some(_) => (None, 0),
-            None => self.reuse_source(ctx, &job),
+            None => self.reuse_source(ctx, home, &job),
         };
         let sojourn = now.saturating_duration_since(job.enqueued_at);
         let p = match awaits_prompt_of {
@@ -190,7 +192,7 @@ impl Engine {
             Some(Source::Parked) => self.parked_runs.0,
             Some(Source::Cached(_)) | None => 0,
         };
-        let (slot, reuse) = self.place(ctx, slot, source, reuse, &job);
+        let (slot, reuse) = self.place(ctx, (slot, home), source, reuse, &job);
         self.metrics
             .prefix_tokens_reused
             .fetch_add(reuse as u64, Ordering::Relaxed);
@@ -281,13 +283,13 @@ impl Engine {
         })
     }
 
-    /// Reserves `job`'s cells and puts its reused prefix (`reuse` tokens from
-    /// `source`) in place. Returns the slot it runs in and the tokens reused
-    /// (0 when a cached entry could not be restored).
+    /// Reserves `job`'s cells in context `home` and puts its reused prefix
+    /// (`reuse` tokens from `source`) in place. Returns the slot it runs in
+    /// and the tokens reused (0 when a cached entry could not be restored).
     fn place(
         &mut self,
         ctx: &mut Contexts,
-        slot: usize,
+        (slot, home): (usize, usize),
         source: Option<Source>,
         mut reuse: usize,
         job: &Job,
@@ -307,7 +309,6 @@ impl Engine {
         };
         let seq_id = slot as i32;
         // What the slot held in another context is gone (put away above).
-        let home = self.home_for(ctx, job);
         ctx.set_home(slot, home);
         if home == contexts::SHORT {
             self.metrics
@@ -430,15 +431,19 @@ impl Engine {
     /// no running sequence has reserved (it is restored whole, then cut to
     /// the shared prefix). A job that wants its prompt's log-probabilities
     /// prefills all of it.
-    pub(super) fn reuse_source(&self, ctx: &Contexts, job: &Job) -> (Option<Source>, usize) {
+    pub(super) fn reuse_source(
+        &self,
+        ctx: &Contexts,
+        home: usize,
+        job: &Job,
+    ) -> (Option<Source>, usize) {
         // An embedding needs every token's state: nothing is reused.
         if job.echo_logprobs() || job.embed().is_some() || !self.prefix.is_enabled() {
             return (None, 0);
         }
         let free = self.cfg.n_ctx - self.kv_cells_reserved;
         // Cells and saved states are reused within the context the job will
-        // run in only.
-        let home = self.home_for(ctx, job);
+        // run in (`home`) only.
         // Per sequence, cells are not shared across streams (llama.cpp would
         // copy the whole stream): only saved entries are reused.
         let share = self.cfg.kv_layout == KvLayout::Unified;
