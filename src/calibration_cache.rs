@@ -21,7 +21,7 @@
 //! next start's measurement (logged).
 
 use crate::engine::calibration::Calibration;
-use crate::engine::served::{choice_for, DepthTiming, Served};
+use crate::engine::served::{choice_for, prefills_whole_faster, DepthTiming, Served};
 use crate::ffi::{FlashAttn, KvLayout, KvType};
 use crate::startup::pairing_name;
 use serde::{Deserialize, Serialize};
@@ -117,6 +117,27 @@ impl Entry {
         }
         let chosen = choice_for(&self.attention_timings, &served, at);
         Some(parse_pairing(&names[chosen]).unwrap_or(kept))
+    }
+
+    /// Whether a prompt prefilled alone goes faster in the short requests'
+    /// context (flash attention on, f16) than with `main`, the pairing
+    /// served with, by the whole chunks both were timed prefilling
+    /// (`served::prefills_whole_faster`). False when either was not timed so.
+    pub fn short_prefills_whole_faster(&self, main: (FlashAttn, KvType)) -> bool {
+        let timings = |p: (FlashAttn, KvType)| {
+            let at = self
+                .key
+                .candidates
+                .iter()
+                .position(|n| *n == pairing_name(p))?;
+            self.attention_timings.get(at)
+        };
+        match (timings(main), timings((FlashAttn::On, KvType::F16))) {
+            (Some(m), Some(s)) if self.attention_timings.len() == self.key.candidates.len() => {
+                prefills_whole_faster(m, s)
+            }
+            _ => false,
+        }
     }
 
     /// The pairing kept, if it still parses.
@@ -558,6 +579,7 @@ mod tests {
             timing: crate::engine::calibration::AttentionTiming {
                 decode_s_per_token: decode_ms / 1e3,
                 prefill_s_per_token: prefill_ms / 1e3,
+                whole_prefill_s_per_token: None,
             },
         };
         // key(4)'s candidates: off/q8_0/f16, then off/f16, the one kept;
@@ -594,6 +616,40 @@ mod tests {
         assert_eq!(e.serving_pairing(), Some(f16), "timings empty");
         e.attention_measured = false;
         assert_eq!(e.serving_pairing(), Some(f16), "not timed");
+    }
+
+    #[test]
+    fn the_whole_chunks_kept_say_where_a_prompt_alone_goes_faster() {
+        let t = |depth: usize, whole_ms: Option<f64>| DepthTiming {
+            depth,
+            timing: crate::engine::calibration::AttentionTiming {
+                decode_s_per_token: 0.01,
+                prefill_s_per_token: 0.006,
+                whole_prefill_s_per_token: whole_ms.map(|ms| ms / 1e3),
+            },
+        };
+        let q8 = (FlashAttn::Off, KvType::Q8_0KeysF16Values);
+        let on_f16 = (FlashAttn::On, KvType::F16);
+        let mut k = key(4);
+        k.candidates = vec!["off/q8_0/f16".into(), "on/f16".into()];
+        let mut e = Entry::new(k, q8, true, &calibration(700.0));
+        assert!(!e.short_prefills_whole_faster(q8), "nothing timed");
+        e.attention_timings = vec![
+            vec![t(128, None), t(1024, Some(6.3))],
+            vec![t(128, None), t(1024, Some(5.4))],
+        ];
+        assert!(e.short_prefills_whole_faster(q8));
+        assert!(!e.short_prefills_whole_faster(on_f16), "itself");
+        assert!(
+            !e.short_prefills_whole_faster((FlashAttn::Off, KvType::F16)),
+            "not a candidate timed"
+        );
+        e.attention_timings[1][1] = t(1024, Some(7.0));
+        assert!(!e.short_prefills_whole_faster(q8), "slower");
+        e.attention_timings[1][1] = t(1024, None);
+        assert!(!e.short_prefills_whole_faster(q8), "an older cache's");
+        e.attention_timings.pop();
+        assert!(!e.short_prefills_whole_faster(q8), "timings missing");
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub fn measure_attention(
 ) -> ((FlashAttn, KvType), Vec<Vec<DepthTiming>>) {
     use engine::calibration::{
         attention_choice, worst_ratios, FLASH_ATTN_CHUNK_TOKENS, FLASH_ATTN_DEEP_TOKENS,
-        FLASH_ATTN_DEPTH_TOKENS,
+        FLASH_ATTN_DEPTH_TOKENS, WHOLE_CHUNK_TOKENS,
     };
     let started = Instant::now();
     let name = pairing_name;
@@ -108,7 +108,7 @@ pub fn measure_attention(
         .collect();
     let at: Vec<String> = depths.iter().map(usize::to_string).collect();
     crate::say!(
-        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depths {}, judged by each pairing's worst timing against the best; ms a token decoding {parallel} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk, and that worst: {})",
+        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depths {}, judged by each pairing's worst timing against the best; ms a token decoding {parallel} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk (deepest, also /a {WHOLE_CHUNK_TOKENS}-token one, as a prompt alone is prefilled: not judged here), and that worst: {})",
         name(chosen),
         started.elapsed().as_secs_f64(),
         at.join(" and "),
@@ -138,15 +138,17 @@ fn time_pairings(
     candidates: &[(FlashAttn, KvType)],
     depths: &[usize],
 ) -> Result<Vec<Vec<engine::calibration::AttentionTiming>>, String> {
-    use engine::calibration::{prompt, time_attention, FLASH_ATTN_CHUNK_TOKENS};
+    use engine::calibration::{
+        prompt, time_attention, FLASH_ATTN_CHUNK_TOKENS, WHOLE_CHUNK_TOKENS,
+    };
     let mut ctxs = candidates
         .iter()
         .map(|&(flash_attn, kv_type)| {
             let p = ContextParams {
-                // Big enough for what is timed (a chunk, a decode token of
-                // every sequence); the server's 512 would give each of the
-                // contexts alive together buffers for 512-token passes.
-                n_batch: (engine::calibration::FLASH_ATTN_DEPTH_TOKENS.max(parallel)) as u32,
+                // Big enough for what is timed (the chunks, a decode token
+                // of every sequence); the server's 512 would give each of
+                // the contexts alive together buffers for 512-token passes.
+                n_batch: (WHOLE_CHUNK_TOKENS.max(parallel)) as u32,
                 flash_attn,
                 kv_type,
                 ..base.clone()
@@ -154,11 +156,15 @@ fn time_pairings(
             Context::new(Arc::clone(model), &p)
         })
         .collect::<Result<Vec<_>, String>>()?;
+    // The whole chunk at the deepest depth only, where it fits a stream.
+    let per_seq = base.n_ctx as usize / parallel.max(1);
     let at_depth = depths
         .iter()
-        .map(|&d| {
-            let prompt = prompt(model, d + FLASH_ATTN_CHUNK_TOKENS)?;
-            time_attention(&mut ctxs, &prompt, parallel, base.kv_layout)
+        .enumerate()
+        .map(|(i, &d)| {
+            let whole = i + 1 == depths.len() && d + WHOLE_CHUNK_TOKENS < per_seq;
+            let prompt = prompt(model, d + FLASH_ATTN_CHUNK_TOKENS.max(WHOLE_CHUNK_TOKENS))?;
+            time_attention(&mut ctxs, &prompt, d, parallel, base.kv_layout, whole)
         })
         .collect::<Result<Vec<_>, String>>()?;
     Ok((0..candidates.len())
@@ -167,13 +173,16 @@ fn time_pairings(
 }
 
 /// A pairing's timings for the log, depth by depth: `decode/prefill` ms a
-/// token.
+/// token, and `/whole` where a whole chunk was timed.
 fn at_each_depth(timings: &[engine::calibration::AttentionTiming]) -> String {
     let at: Vec<String> = timings
         .iter()
         .map(|t| {
+            let whole = t
+                .whole_prefill_s_per_token
+                .map_or(String::new(), |s| format!("/{:.2}", s * 1e3));
             format!(
-                "{:.2}/{:.2}",
+                "{:.2}/{:.2}{whole}",
                 t.decode_s_per_token * 1e3,
                 t.prefill_s_per_token * 1e3
             )

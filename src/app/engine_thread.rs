@@ -7,7 +7,7 @@
 use crate::calibration_cache::Kept;
 use crate::config::{Config, FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
-use crate::engine::contexts::Contexts;
+use crate::engine::contexts::{Contexts, LONE_CELLS};
 use crate::engine::served::DepthTiming;
 use crate::engine::{self, EngineConfig};
 use crate::ffi::{self, Context, ContextParams, FlashAttn, KvLayout, KvType, Model};
@@ -35,6 +35,9 @@ pub(super) struct Started {
     /// With a short requests' context: the most cells of a request it
     /// serves, and the cells of each of its streams.
     pub(super) short: Option<(usize, usize)>,
+    /// The most cells of a request it serves when nothing else runs, if a
+    /// prompt alone is prefilled faster there (`Contexts::lone_cells`).
+    pub(super) short_alone: Option<usize>,
 }
 
 type Ready = Result<Started, String>;
@@ -53,18 +56,27 @@ pub(super) struct Plan {
     pub(super) calibrate: bool,
     /// `--calibrate-only`: time the pairings now, whatever is kept.
     measure_now: bool,
+    /// The cache's timings say a prompt alone is prefilled faster with
+    /// flash attention on and an f16 cache than with the kept pairing
+    /// (`Entry::short_prefills_whole_faster`).
+    short_alone: bool,
 }
 
 impl Plan {
     pub(super) fn new(cfg: &Config, n_ctx: usize, kept: Option<&Kept>) -> Plan {
         let calibrate = cfg.rates.is_none() || cfg.calibrate_only;
-        let (cached_pairing, cached_calibration) = match kept.and_then(|k| k.entry.as_ref()) {
-            Some(e) => (
-                e.serving_pairing().map(|p| (p, e.attention_measured)),
-                e.calibration().filter(|_| calibrate),
-            ),
-            None => (None, None),
-        };
+        let (cached_pairing, cached_calibration, short_alone) =
+            match kept.and_then(|k| k.entry.as_ref()) {
+                Some(e) => {
+                    let pairing = e.serving_pairing();
+                    (
+                        pairing.map(|p| (p, e.attention_measured)),
+                        e.calibration().filter(|_| calibrate),
+                        pairing.is_some_and(|p| e.short_prefills_whole_faster(p)),
+                    )
+                }
+                None => (None, None, false),
+            };
         Plan {
             engine_cfg: engine_config(cfg, n_ctx),
             flash_attn: cfg.flash_attn,
@@ -73,6 +85,7 @@ impl Plan {
             cached_calibration,
             calibrate,
             measure_now: cfg.calibrate_only,
+            short_alone,
         }
     }
 }
@@ -173,6 +186,7 @@ fn engine_main(
     // What one request may use: the cells admission reserves in all
     // (llama.cpp's are rounded up; `staggered_cells`).
     let short = ctx.short_cells().zip(ctx.short_stream_cells());
+    let short_alone = ctx.lone_cells();
     let main = ctx.main();
     let n_ctx = engine_cfg.n_ctx.min(match engine_cfg.kv_layout {
         KvLayout::Unified => main.n_ctx(),
@@ -187,6 +201,7 @@ fn engine_main(
         measured,
         timings,
         short,
+        short_alone,
     };
     let _ = ready.send(Ok(started));
     let engine_cfg = EngineConfig {
@@ -201,8 +216,11 @@ fn engine_main(
 /// The engine's contexts: the main one, and beside it one with flash
 /// attention on and an f16 cache for short requests (`engine::contexts`),
 /// unless `--short-cells` is 0, the main one has that pairing already, or
-/// `--calibrate-only` only measures. A model llama.cpp cannot make that
-/// context for is served by the main one alone (said in the log).
+/// `--calibrate-only` only measures. Its streams hold `--short-cells`, or,
+/// when the calibration cache's timings say a prompt alone is prefilled
+/// faster there (`Plan::short_alone`), `LONE_CELLS` for such prompts. A
+/// model llama.cpp cannot make that context for is served by the main one
+/// alone (said in the log).
 fn short_context(
     main: Context,
     params: &ContextParams,
@@ -217,14 +235,18 @@ fn short_context(
     if cells == 0 || pairing == short || !per_seq || plan.measure_now {
         return Contexts::one(main);
     }
+    let stream = match plan.short_alone {
+        true => cells.max(LONE_CELLS).min(cfg.n_ctx),
+        false => cells,
+    };
     let params = ContextParams {
-        n_ctx: (staggered_cells(cells) * cfg.parallel) as u32,
+        n_ctx: (staggered_cells(stream) * cfg.parallel) as u32,
         flash_attn: short.0,
         kv_type: short.1,
         ..params.clone()
     };
     match main.beside(&params) {
-        Ok(beside) => Contexts::with_short(main, beside, cfg.parallel, cells),
+        Ok(beside) => Contexts::with_short(main, beside, cfg.parallel, cells, plan.short_alone),
         Err(e) => {
             crate::say!(
                 "sluice: no second context for short requests ({e}); every request runs in the main one"

@@ -178,8 +178,11 @@ fn serve(cfg: Config) -> Result<(), String> {
     report::model(&cfg, &loaded, n_ctx);
     report::threads(&cfg, &front_size, started.n_ubatch);
     if let Some((most, stream)) = started.short {
+        let alone = started.short_alone.map_or(String::new(), |c| {
+            format!(", and with nothing else running those of at most {c} cells (the calibration cache's timings: a prompt alone is prefilled faster there)")
+        });
         crate::say!(
-            "sluice: requests of at most {most} cells (prompt + max_tokens) run in a second context, flash attention on, f16 cache, {stream} cells a sequence (--short-cells)"
+            "sluice: requests of at most {most} cells (prompt + max_tokens) run in a second context, flash attention on, f16 cache, {stream} cells a sequence (--short-cells){alone}"
         );
     }
     let stream_cells = crate::startup::staggered_cells(loaded.n_ctx);

@@ -160,6 +160,19 @@ pub const FLASH_ATTN_DEEP_TOKENS: usize = 1024;
 /// at each size: a whole prompt costs about the same either way, a chunk
 /// beside streams twice as much.
 pub const FLASH_ATTN_CHUNK_TOKENS: usize = 32;
+/// Tokens of the whole chunk also timed at the deepest depth: a prompt
+/// prefilled with nothing decoding beside it goes in chunks of up to
+/// `n_batch` (512), where ggml's tiled flash attention kernel does its best,
+/// and the pairings rank otherwise than by small chunks. On the 2-core Xeon
+/// with an AVX2 build (llama-bench, 1,024 deep), flash attention with an f16
+/// cache prefilled 101 tokens a second in passes of 32 against 158 off with K
+/// in q8_0, but 188 against 168 in passes of 256, and 186 against 158 in
+/// passes of 512. 256 ranks them as 512 does at half the time, and keeps the
+/// timing contexts' buffers small.
+pub const WHOLE_CHUNK_TOKENS: usize = 256;
+/// Timed rounds of the whole chunk (the pairings taking turns; the fastest
+/// counts): each is a second or more on a slow CPU.
+const WHOLE_CHUNK_REPS: usize = 2;
 /// Timed rounds of each; the fastest counts.
 const FLASH_ATTN_REPS: usize = 5;
 /// A later candidate is chosen only if it is at least this much faster
@@ -173,6 +186,10 @@ pub const FLASH_ATTN_GAIN_MIN: f64 = 0.05;
 pub struct AttentionTiming {
     pub decode_s_per_token: f64,
     pub prefill_s_per_token: f64,
+    /// A prompt token of a `WHOLE_CHUNK_TOKENS` chunk, timed at the deepest
+    /// depth only (`None` elsewhere, and in caches written before it was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whole_prefill_s_per_token: Option<f64>,
 }
 
 impl AttentionTiming {
@@ -197,6 +214,7 @@ impl AttentionRound {
         AttentionTiming {
             decode_s_per_token: self.decode_s / n_seq.max(1) as f64,
             prefill_s_per_token: self.chunk_s / FLASH_ATTN_CHUNK_TOKENS as f64,
+            whole_prefill_s_per_token: None,
         }
     }
 
@@ -228,13 +246,14 @@ pub fn worth_timing(first: &[AttentionTiming]) -> Vec<bool> {
     first.iter().map(|t| t.score() <= 2.0 * best).collect()
 }
 
-/// Times a serving step's two passes at one depth in each of `ctxs` (one
+/// Times a serving step's two passes at `depth` in each of `ctxs` (one
 /// context a pairing, each shaped as the server's: its sequences, its
 /// streams' size): one decode token for each of `n_seq` sequences, each
-/// `prompt.len() - FLASH_ATTN_CHUNK_TOKENS` deep, and one
-/// `FLASH_ATTN_CHUNK_TOKENS` chunk of sequence 0 at that depth. The shape
-/// matters: on an AVX2 build a 4-sequence decode step was 25 % faster with
-/// flash attention while one sequence's token was not.
+/// `depth` deep, and one `FLASH_ATTN_CHUNK_TOKENS` chunk of sequence 0 at that
+/// depth; with `whole`, also a `WHOLE_CHUNK_TOKENS` chunk of it there (a
+/// prompt prefilled alone). `prompt` holds `depth` tokens and at least the
+/// chunks'. The shape matters: on an AVX2 build a 4-sequence decode step was
+/// 25 % faster with flash attention while one sequence's token was not.
 ///
 /// The contexts take turns round by round, so that a change in the
 /// machine's speed while it measures touches every pairing alike. Timed one
@@ -245,31 +264,47 @@ pub fn worth_timing(first: &[AttentionTiming]) -> Vec<bool> {
 /// faster); taking turns, with the fastest counting, the three runs between
 /// them chose off, 8-30 % faster.
 /// One untimed round each (it builds the graphs), then `FLASH_ATTN_REPS`
-/// rounds of those `worth_timing` (`AttentionRound::fastest`). Leaves the
-/// sequences empty.
+/// rounds of those `worth_timing` (`AttentionRound::fastest`), and then
+/// `WHOLE_CHUNK_REPS` of the whole chunk. Leaves the sequences empty.
 pub fn time_attention(
     ctxs: &mut [Context],
     prompt: &[Token],
+    depth: usize,
     n_seq: usize,
     layout: KvLayout,
+    whole: bool,
 ) -> Result<Vec<AttentionTiming>, String> {
+    let tail = if whole {
+        WHOLE_CHUNK_TOKENS.max(FLASH_ATTN_CHUNK_TOKENS)
+    } else {
+        FLASH_ATTN_CHUNK_TOKENS
+    };
     assert!(
-        prompt.len() > FLASH_ATTN_CHUNK_TOKENS,
-        "a prompt deeper than one chunk"
+        prompt.len() >= depth + tail,
+        "a prompt deeper than the chunks"
     );
     for ctx in ctxs.iter_mut() {
-        prepare_attention(ctx, prompt, n_seq, layout)?;
+        prepare_attention(ctx, &prompt[..depth], n_seq, layout)?;
     }
+    let chunk = &prompt[depth..depth + FLASH_ATTN_CHUNK_TOKENS];
     let first = ctxs
         .iter_mut()
-        .map(|ctx| attention_round(ctx, prompt, n_seq))
+        .map(|ctx| attention_round(ctx, depth, chunk, n_seq))
         .collect::<Result<Vec<_>, String>>()?;
     let first: Vec<AttentionTiming> = first.iter().map(|r| r.timing(n_seq)).collect();
     let timed = worth_timing(&first);
     let mut rounds: Vec<Vec<AttentionRound>> = vec![Vec::new(); ctxs.len()];
     for _ in 0..FLASH_ATTN_REPS {
         for (i, ctx) in ctxs.iter_mut().enumerate().filter(|(i, _)| timed[*i]) {
-            rounds[i].push(attention_round(ctx, prompt, n_seq)?);
+            rounds[i].push(attention_round(ctx, depth, chunk, n_seq)?);
+        }
+    }
+    let mut wholes = vec![f64::INFINITY; ctxs.len()];
+    let whole_chunk = &prompt[depth..depth + tail];
+    for _ in 0..if whole { WHOLE_CHUNK_REPS } else { 0 } {
+        for (i, ctx) in ctxs.iter_mut().enumerate().filter(|(i, _)| timed[*i]) {
+            wholes[i] = wholes[i].min(chunk_seconds(ctx, depth, whole_chunk)?);
+            ctx.pause_threads();
         }
     }
     for ctx in ctxs.iter_mut() {
@@ -278,23 +313,31 @@ pub fn time_attention(
     Ok(rounds
         .iter()
         .zip(first)
-        .map(|(r, first)| match r.is_empty() {
-            true => first,
-            false => AttentionRound::fastest(r).timing(n_seq),
+        .zip(wholes)
+        .map(|((r, first), whole_s)| {
+            let timing = match r.is_empty() {
+                true => first,
+                false => AttentionRound::fastest(r).timing(n_seq),
+            };
+            AttentionTiming {
+                whole_prefill_s_per_token: whole_s
+                    .is_finite()
+                    .then(|| whole_s / whole_chunk.len() as f64),
+                ..timing
+            }
         })
         .collect())
 }
 
-/// Gives every one of `n_seq` sequences the prompt but its last chunk:
-/// prefilled once, copied to the others.
+/// Gives every one of `n_seq` sequences `prompt`: prefilled once, copied to
+/// the others.
 fn prepare_attention(
     ctx: &mut Context,
     prompt: &[Token],
     n_seq: usize,
     layout: KvLayout,
 ) -> Result<(), String> {
-    let depth = prompt.len() - FLASH_ATTN_CHUNK_TOKENS;
-    time_prefill(ctx, &prompt[..depth], 0)?;
+    time_prefill(ctx, prompt, 0)?;
     let state = (layout == KvLayout::PerSequence && n_seq > 1).then(|| ctx.save_sequence(0));
     for seq in 1..n_seq as i32 {
         let copied = match &state {
@@ -314,36 +357,50 @@ fn prepare_attention(
     Ok(())
 }
 
-/// One round at the depth `prepare_attention` left: the chunk, then the
-/// decode tokens, each pass undone after it. The threads are put to sleep
-/// at the end, so that they do not poll beside the next context's round.
+/// Seconds of one pass at `depth` (`prepare_attention`'s), undone after it
+/// in the first `n_seq` sequences: `batch`'s tokens, reading the last one's
+/// logits.
+fn pass_seconds(
+    ctx: &mut Context,
+    batch: &Batch,
+    depth: usize,
+    n_seq: usize,
+) -> Result<f64, String> {
+    let started = Instant::now();
+    ctx.decode(batch)
+        .map_err(|e| format!("flash attention measurement failed: {e:?}"))?;
+    let _ = ctx.logits(batch, batch.len() - 1)[0];
+    let s = started.elapsed().as_secs_f64();
+    for seq in 0..n_seq as i32 {
+        ctx.truncate_sequence(seq, depth as i32);
+    }
+    Ok(s)
+}
+
+/// Seconds of a pass that prefills `chunk` into sequence 0 at `depth`.
+fn chunk_seconds(ctx: &mut Context, depth: usize, chunk: &[Token]) -> Result<f64, String> {
+    let mut batch = Batch::new(ctx.n_batch());
+    for (i, &t) in chunk.iter().enumerate() {
+        batch.push(t, (depth + i) as i32, 0, i + 1 == chunk.len());
+    }
+    pass_seconds(ctx, &batch, depth, 1)
+}
+
+/// One round at `depth` (`prepare_attention`'s): `chunk`, then the decode
+/// tokens, each pass undone after it. The threads are put to sleep at the
+/// end, so that they do not poll beside the next context's round.
 fn attention_round(
     ctx: &mut Context,
-    prompt: &[Token],
+    depth: usize,
+    chunk: &[Token],
     n_seq: usize,
 ) -> Result<AttentionRound, String> {
-    let depth = prompt.len() - FLASH_ATTN_CHUNK_TOKENS;
+    let chunk_s = chunk_seconds(ctx, depth, chunk)?;
     let mut batch = Batch::new(ctx.n_batch());
-    let timed = |batch: &Batch, ctx: &mut Context| -> Result<f64, String> {
-        let started = Instant::now();
-        ctx.decode(batch)
-            .map_err(|e| format!("flash attention measurement failed: {e:?}"))?;
-        let _ = ctx.logits(batch, batch.len() - 1)[0];
-        let s = started.elapsed().as_secs_f64();
-        for seq in 0..n_seq as i32 {
-            ctx.truncate_sequence(seq, depth as i32);
-        }
-        Ok(s)
-    };
-    for (i, &t) in prompt[depth..].iter().enumerate() {
-        batch.push(t, (depth + i) as i32, 0, depth + i + 1 == prompt.len());
-    }
-    let chunk_s = timed(&batch, ctx)?;
-    batch.clear();
     for seq in 0..n_seq as i32 {
-        batch.push(prompt[depth], depth as i32, seq, true);
+        batch.push(chunk[0], depth as i32, seq, true);
     }
-    let decode_s = timed(&batch, ctx)?;
+    let decode_s = pass_seconds(ctx, &batch, depth, n_seq)?;
     ctx.pause_threads();
     Ok(AttentionRound { decode_s, chunk_s })
 }
@@ -408,6 +465,7 @@ mod tests {
         let t = |decode_ms: f64, prefill_ms: f64| AttentionTiming {
             decode_s_per_token: decode_ms / 1e3,
             prefill_s_per_token: prefill_ms / 1e3,
+            whole_prefill_s_per_token: None,
         };
         vec![t(ms[0], ms[1]), t(ms[2], ms[3])]
     }
@@ -489,6 +547,7 @@ mod tests {
         let t = |ms: f64| AttentionTiming {
             decode_s_per_token: ms / 2e3,
             prefill_s_per_token: ms / 2e3,
+            whole_prefill_s_per_token: None,
         };
         assert_eq!(
             worth_timing(&[t(20.0), t(18.0), t(36.0), t(36.1)]),

@@ -26,17 +26,53 @@ pub const MAIN: usize = 0;
 /// The short requests' context's home.
 pub const SHORT: usize = 1;
 
-/// Where a request runs: the short requests' context if it `fits` there,
-/// unless sequences run in the main context only (`running`, by home): then
-/// it joins them, since a step whose decode tokens are in both contexts
-/// makes one more pass over the weights (on the Zen 1, a decode pass of a
-/// few tokens is ~15 ms; what the pairing saves a short request is 13-18 %
-/// of its own). A request that does not fit always runs in the main one.
-pub fn place(fits: bool, running: [bool; 2]) -> usize {
-    match (fits, running) {
-        (false, _) => MAIN,
-        (true, [true, false]) => MAIN,
-        (true, _) => SHORT,
+/// Prompt tokens to prefill (those not reused from the short requests'
+/// context's prefix cache) of a request that joins streams running there.
+/// Beside streams a prompt goes in small chunks under the ITL target, and
+/// there flash attention with an f16 cache costs more the deeper the chunk:
+/// on the 2-core Xeon with an AVX2 build (llama-bench, 32-token passes) it
+/// prefilled 248 tokens a second at the start of a sequence against 237 off
+/// with K in q8_0, 174 against 207 from 256 deep, 130 against 190 from 512,
+/// and 100 against 172 from 896. A prompt of up to this many breaks even.
+pub const SHORT_CHUNKED_PROMPT_MAX: usize = 256;
+
+/// Cells of the short requests' context's streams when a prompt alone is
+/// prefilled faster there (`Fit::alone`), unless `--short-cells` is more: a
+/// document pasted into a chat (the side-by-side's long prompts are
+/// 500-2,000 tokens). Each cell is f16 and resident only once written, but
+/// the memory bound said at start counts them all.
+pub const LONE_CELLS: usize = 4096;
+
+/// What `place` needs of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fit {
+    /// Its prompt and answer fit `--short-cells`.
+    pub short: bool,
+    /// It fits the short requests' context's streams, and a prompt alone is
+    /// prefilled faster there (`Contexts::lone_cells`).
+    pub alone: bool,
+    /// Its prompt tokens to prefill are at most `SHORT_CHUNKED_PROMPT_MAX`.
+    pub shallow: bool,
+}
+
+/// Where a request runs, given what runs now (`running`, by home):
+/// - nothing: the short requests' context if it fits there (`short`), or if
+///   its prompt, prefilled alone in whole chunks, goes faster there
+///   (`alone`: on the 2-core Xeon with an AVX2 build, a 1,024-deep
+///   512-token chunk at 186 tokens a second against 158);
+/// - sequences in the main context only: the main one, since a step whose
+///   decode tokens are in both contexts makes one more pass over the
+///   weights (on the Zen 1, a decode pass of a few tokens is ~15 ms; what
+///   the pairing saves a short request is 13-18 % of its own);
+/// - sequences in the short one: there if it fits and its prompt is
+///   `shallow` (its chunks beside the streams stay cheap there), else the
+///   main one.
+pub fn place(fit: Fit, running: [bool; 2]) -> usize {
+    match running {
+        [false, false] if fit.short || fit.alone => SHORT,
+        [false, false] | [true, false] => MAIN,
+        _ if fit.short && fit.shallow => SHORT,
+        _ => MAIN,
     }
 }
 
@@ -49,6 +85,9 @@ pub struct Contexts {
     last: usize,
     /// Most cells of a request served by the short requests' context.
     short_cells: usize,
+    /// Most cells of a request it serves when nothing else runs (its
+    /// streams'), or 0: a prompt alone is not prefilled faster there.
+    lone_cells: usize,
 }
 
 impl Contexts {
@@ -59,22 +98,29 @@ impl Contexts {
             home: Vec::new(),
             last: MAIN,
             short_cells: 0,
+            lone_cells: 0,
         }
     }
 
     /// `main`, and `short` for the requests of at most `short_cells` cells
-    /// (its streams hold at least that many); `n_seq` sequence ids, each at
-    /// home in `main` until placed.
-    pub fn with_short(main: Context, short: Context, n_seq: usize, short_cells: usize) -> Contexts {
-        assert!(
-            short.n_ctx_seq() >= short_cells,
-            "short streams hold short requests"
-        );
+    /// (its streams hold at least that many), and, with `alone`, for any
+    /// request its streams hold that starts with nothing else running;
+    /// `n_seq` sequence ids, each at home in `main` until placed.
+    pub fn with_short(
+        main: Context,
+        short: Context,
+        n_seq: usize,
+        short_cells: usize,
+        alone: bool,
+    ) -> Contexts {
+        let stream = short.n_ctx_seq();
+        assert!(stream >= short_cells, "short streams hold short requests");
         Contexts {
             ctxs: vec![main, short],
             home: vec![MAIN; n_seq],
             last: MAIN,
             short_cells,
+            lone_cells: if alone { stream } else { 0 },
         }
     }
 
@@ -82,6 +128,12 @@ impl Contexts {
     /// there is one.
     pub fn short_cells(&self) -> Option<usize> {
         (self.ctxs.len() > SHORT).then_some(self.short_cells)
+    }
+
+    /// Most cells of a request the short requests' context serves when
+    /// nothing else runs, if a prompt alone is prefilled faster there.
+    pub fn lone_cells(&self) -> Option<usize> {
+        (self.ctxs.len() > SHORT && self.lone_cells > 0).then_some(self.lone_cells)
     }
 
     /// Cells each stream of the short requests' context holds, if there is
@@ -198,13 +250,41 @@ mod tests {
 
     #[test]
     fn a_short_request_joins_the_main_context_only_when_it_alone_runs() {
-        // Too long for the short context: the main one, whatever runs.
-        for running in [[false, false], [true, false], [false, true], [true, true]] {
-            assert_eq!(place(false, running), MAIN);
+        let fit = |short, alone, shallow| Fit {
+            short,
+            alone,
+            shallow,
+        };
+        let all = [[false, false], [true, false], [false, true], [true, true]];
+        // Too long for the short context and not alone: the main one.
+        for running in all {
+            assert_eq!(place(fit(false, false, true), running), MAIN);
         }
-        assert_eq!(place(true, [false, false]), SHORT, "nothing runs");
-        assert_eq!(place(true, [false, true]), SHORT);
-        assert_eq!(place(true, [true, true]), SHORT, "both pass anyway");
-        assert_eq!(place(true, [true, false]), MAIN, "no second pass for it");
+        let chat = fit(true, false, true);
+        assert_eq!(place(chat, [false, false]), SHORT, "nothing runs");
+        assert_eq!(place(chat, [false, true]), SHORT);
+        assert_eq!(place(chat, [true, true]), SHORT, "both pass anyway");
+        assert_eq!(place(chat, [true, false]), MAIN, "no second pass for it");
+    }
+
+    #[test]
+    fn a_long_prompt_goes_where_it_is_prefilled_faster() {
+        let fit = |short, alone, shallow| Fit {
+            short,
+            alone,
+            shallow,
+        };
+        // Alone, in whole chunks: where the whole chunks were faster.
+        let long = fit(false, true, false);
+        assert_eq!(place(long, [false, false]), SHORT);
+        assert_eq!(place(fit(false, false, false), [false, false]), MAIN);
+        // Beside streams, in small chunks: never deep in the short context.
+        for running in [[true, false], [false, true], [true, true]] {
+            assert_eq!(place(long, running), MAIN, "{running:?}");
+        }
+        let deep = fit(true, false, false);
+        assert_eq!(place(deep, [false, false]), SHORT, "alone: whole chunks");
+        assert_eq!(place(deep, [false, true]), MAIN, "small chunks, deep");
+        assert_eq!(place(deep, [true, true]), MAIN);
     }
 }

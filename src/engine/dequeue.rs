@@ -164,14 +164,18 @@ impl Engine {
         }
         // A later choice whose first choice runs takes the prompt's cells
         // from it (`share_prompts`), not from elsewhere.
-        let awaits_prompt_of = job.prompt_of.filter(|&first| {
+        let first_slot = job.prompt_of.and_then(|first| {
             self.slots
                 .iter()
-                .flatten()
-                .any(|s| s.job.id == first && !s.done)
+                .position(|s| s.as_ref().is_some_and(|s| s.job.id == first && !s.done))
         });
-        // The context it runs in, and so where a prefix may come from.
-        let home = self.home_for(ctx, &job);
+        let awaits_prompt_of = first_slot.and(job.prompt_of);
+        // The context it runs in, and so where a prefix may come from; a
+        // later choice runs where its first choice does.
+        let home = match first_slot {
+            Some(slot) => ctx.home(slot),
+            None => self.home_for(ctx, &job),
+        };
         let (source, reuse) = match awaits_prompt_of {
             Some(_) => (None, 0),
             None => self.reuse_source(ctx, home, &job),
@@ -483,15 +487,34 @@ impl Engine {
     /// The context `job` runs in (`contexts::place`): the short requests'
     /// one when there is one and its prompt and answer fit a sequence there
     /// (an embedding, whose states are read, stays in the main one), unless
-    /// only the main one runs sequences now.
+    /// only the main one runs sequences now, or sequences run there and its
+    /// prompt would be prefilled deep beside them; or, with nothing running,
+    /// when a prompt alone goes faster there and it fits its streams.
     pub(super) fn home_for(&self, ctx: &Contexts, job: &Job) -> usize {
-        let fits = ctx
-            .short_cells()
-            .is_some_and(|cells| job.embed().is_none() && job.kv_cells() <= cells);
+        let Some(cells) = ctx.short_cells() else {
+            return contexts::MAIN;
+        };
+        if job.embed().is_some() {
+            return contexts::MAIN;
+        }
         let running = |home| {
             (0..self.slots.len()).any(|slot| self.slots[slot].is_some() && ctx.home(slot) == home)
         };
-        contexts::place(fits, [contexts::MAIN, contexts::SHORT].map(running))
+        let short = job.kv_cells() <= cells;
+        let shallow = || {
+            let n = job.prompt.len();
+            n <= contexts::SHORT_CHUNKED_PROMPT_MAX
+                || n - self.reuse_source(ctx, contexts::SHORT, job).1
+                    <= contexts::SHORT_CHUNKED_PROMPT_MAX
+        };
+        let running = [contexts::MAIN, contexts::SHORT].map(running);
+        let fit = contexts::Fit {
+            short,
+            alone: ctx.lone_cells().is_some_and(|c| job.kv_cells() <= c),
+            // Asked only where it decides (a prefix lookup).
+            shallow: short && running[contexts::SHORT] && shallow(),
+        };
+        contexts::place(fit, running)
     }
 
     /// Shutdown: every queued job is answered without running. Returns true

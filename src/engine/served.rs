@@ -147,6 +147,7 @@ pub fn at_depth(timings: &[DepthTiming], depth: f64) -> AttentionTiming {
         return AttentionTiming {
             decode_s_per_token: f64::INFINITY,
             prefill_s_per_token: f64::INFINITY,
+            whole_prefill_s_per_token: None,
         };
     };
     let (d0, d1) = (first.depth as f64, last.depth as f64);
@@ -163,6 +164,7 @@ pub fn at_depth(timings: &[DepthTiming], depth: f64) -> AttentionTiming {
     AttentionTiming {
         decode_s_per_token: line(first.decode_s_per_token, last.decode_s_per_token),
         prefill_s_per_token: line(first.prefill_s_per_token, last.prefill_s_per_token),
+        whole_prefill_s_per_token: None,
     }
 }
 
@@ -198,6 +200,23 @@ pub fn choice_for(timings: &[Vec<DepthTiming>], served: &Served, kept: usize) ->
     }
 }
 
+/// Whether a prompt prefilled alone goes faster with the pairing timed
+/// `other` than with the one timed `main`: both were timed prefilling a
+/// whole chunk (`calibration::WHOLE_CHUNK_TOKENS`) as deep as each other,
+/// and `other` took `FLASH_ATTN_GAIN_MIN` less a token. False when either
+/// lacks that timing (a cache written before it was taken).
+pub fn prefills_whole_faster(main: &[DepthTiming], other: &[DepthTiming]) -> bool {
+    let deepest = |t: &[DepthTiming]| {
+        let last = t.last()?;
+        let s = last.timing.whole_prefill_s_per_token?;
+        (s.is_finite() && s > 0.0).then_some((last.depth, s))
+    };
+    match (deepest(main), deepest(other)) {
+        (Some((d, m)), Some((e, o))) if d == e => o < m * (1.0 - FLASH_ATTN_GAIN_MIN),
+        _ => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -208,6 +227,7 @@ mod tests {
             timing: AttentionTiming {
                 decode_s_per_token: decode_ms / 1e3,
                 prefill_s_per_token: prefill_ms / 1e3,
+                whole_prefill_s_per_token: None,
             },
         }
     }
@@ -298,5 +318,48 @@ mod tests {
             (next.prefill_depth_mean - 2_275.0).abs() < 1e-9,
             "the old half fades"
         );
+    }
+
+    #[test]
+    fn a_prompt_alone_goes_faster_only_where_whole_chunks_were_timed_faster() {
+        let whole = |depth, ms: Option<f64>| {
+            let mut d = t(depth, 10.0, 6.0);
+            d.timing.whole_prefill_s_per_token = ms.map(|ms| ms / 1e3);
+            d
+        };
+        // The Xeon's AVX2 build, 1,024 deep: 5.4 ms a token (f16, flash
+        // attention) against 6.3 (off, K in q8_0).
+        let main = [t(128, 8.0, 4.0), whole(1024, Some(6.3))];
+        let on_f16 = [t(128, 7.0, 4.2), whole(1024, Some(5.4))];
+        assert!(prefills_whole_faster(&main, &on_f16));
+        assert!(!prefills_whole_faster(&on_f16, &main));
+        // Within FLASH_ATTN_GAIN_MIN: no.
+        assert!(!prefills_whole_faster(&main, &[whole(1024, Some(6.1))]));
+        // Not timed so (a cache from before), or not as deep, or nonsense.
+        assert!(!prefills_whole_faster(&main, &[whole(1024, None)]));
+        assert!(!prefills_whole_faster(&[whole(1024, None)], &on_f16));
+        assert!(!prefills_whole_faster(&main, &[whole(512, Some(1.0))]));
+        assert!(!prefills_whole_faster(
+            &main,
+            &[whole(1024, Some(f64::NAN))]
+        ));
+        assert!(!prefills_whole_faster(&main, &[whole(1024, Some(0.0))]));
+        assert!(!prefills_whole_faster(&main, &[]));
+    }
+
+    #[test]
+    fn a_whole_chunks_timing_is_kept_and_an_old_entry_without_it_still_reads() {
+        let mut d = t(1024, 10.0, 6.0);
+        d.timing.whole_prefill_s_per_token = Some(0.0054);
+        let text = serde_json::to_string(&d).unwrap();
+        assert!(
+            text.contains("\"whole_prefill_s_per_token\":0.0054"),
+            "{text}"
+        );
+        assert_eq!(serde_json::from_str::<DepthTiming>(&text).unwrap(), d);
+        let old = serde_json::to_string(&t(1024, 10.0, 6.0)).unwrap();
+        assert!(!old.contains("whole"), "{old}");
+        let read: DepthTiming = serde_json::from_str(&old).unwrap();
+        assert_eq!(read.timing.whole_prefill_s_per_token, None);
     }
 }

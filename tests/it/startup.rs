@@ -335,3 +335,126 @@ fn the_tokens_served_choose_among_the_timed_pairings_at_the_next_start() {
     assert_eq!(kept["entries"][0]["attention"], "off/q8_0/f16");
     let _ = std::fs::remove_dir_all(cache.parent().expect("dir"));
 }
+
+/// The cache's entry made to say what `--calibrate-only` would have timed
+/// on a CPU where flash attention with an f16 cache prefills a whole chunk
+/// 1,024 deep at `on_f16_ms` a token, off with K in q8_0 (the pairing kept,
+/// the fastest at everything else) at 6.3 ms.
+fn whole_chunks_entry(cache: &std::path::Path, on_f16_ms: f64) {
+    let text = std::fs::read_to_string(cache).expect("the cache file");
+    let mut v: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    let e = &mut v["entries"][0];
+    assert_eq!(
+        e["key"]["candidates"],
+        json!(["off/q8_0/f16", "off/f16", "on/q8_0", "on/f16"]),
+        "{e}"
+    );
+    let t = |depth: u64, ms: f64, whole: Option<f64>| {
+        let mut t = json!({"depth": depth, "decode_s_per_token": ms / 1e3, "prefill_s_per_token": ms / 2e3});
+        if let Some(w) = whole {
+            t["whole_prefill_s_per_token"] = json!(w / 1e3);
+        }
+        t
+    };
+    e["attention"] = json!("off/q8_0/f16");
+    e["attention_measured"] = json!(true);
+    e["attention_timings"] = json!([
+        [t(128, 8.0, None), t(1024, 10.0, Some(6.3))],
+        [t(128, 9.0, None), t(1024, 12.0, Some(6.6))],
+        [t(128, 9.0, None), t(1024, 12.0, Some(7.2))],
+        [t(128, 9.0, None), t(1024, 14.0, Some(on_f16_ms))],
+    ]);
+    std::fs::write(cache, v.to_string()).unwrap();
+}
+
+#[test]
+fn a_prompt_alone_runs_where_whole_chunks_were_timed_faster_and_a_deep_one_beside_streams_does_not()
+{
+    let cache = own_cache("alone");
+    let cache_arg = cache.to_str().expect("path");
+    let args = [
+        "--calibration-cache",
+        cache_arg,
+        "--stall-timeout-ms",
+        "600000",
+    ];
+    let mut srv = Server::start(&args);
+    assert!(
+        srv.log().contains("run in a second context"),
+        "{}",
+        srv.log()
+    );
+    srv.signal("TERM");
+    assert_eq!(srv.wait_exit(std::time::Duration::from_secs(120)), Some(0));
+    // Flash attention with an f16 cache timed faster at whole chunks: the
+    // short requests' context takes a long prompt that runs alone.
+    whole_chunks_entry(&cache, 5.4);
+    let mut srv = Server::start(&args);
+    assert!(
+        srv.log()
+            .contains("and with nothing else running those of at most 4352 cells"),
+        "{}",
+        srv.log()
+    );
+    let short_starts = |srv: &Server| srv.metric("sluice_short_context_requests_total");
+    // The main context's prompt tokens (the short one's are not counted).
+    let main_prefill = |srv: &Server| srv.metric("sluice_attention_tokens_total{kind=\"prefill\"}");
+    let v = srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": long_prompt(90), "max_tokens": 8, "temperature": 0}),
+    );
+    let n = v["usage"]["prompt_tokens"].as_f64().expect("usage");
+    assert!(n > 1_024.0, "longer than --short-cells: {v}");
+    assert_eq!(
+        short_starts(&srv),
+        1.0,
+        "alone: the short requests' context"
+    );
+    assert_eq!(main_prefill(&srv), 0.0);
+
+    // A stream too long for --short-cells starts alone there too, and stays
+    // (its client reads one event and then nothing: paused, in its slot).
+    let mut sse = Sse::open(
+        srv.addr,
+        "/v1/completions",
+        &json!({"prompt": "Write a poem about the sea.", "stream": true, "max_tokens": 2000, "ignore_eos": true, "temperature": 0}),
+    );
+    assert_eq!(sse.status, 200);
+    assert!(sse.next_json().is_some(), "a first token");
+    assert_eq!(short_starts(&srv), 2.0);
+    // Beside it, a chat joins it there; a prompt of over 256 tokens (that
+    // would go in small chunks, deep) runs in the main context.
+    srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 4, "temperature": 0}),
+    );
+    assert_eq!(short_starts(&srv), 3.0, "a chat beside the stream");
+    let v = srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": format!("Another text.\n{}", long_prompt(40)), "max_tokens": 8, "temperature": 0}),
+    );
+    let deep = v["usage"]["prompt_tokens"].as_f64().expect("usage");
+    assert!((257.0..1_000.0).contains(&deep), "fits --short-cells: {v}");
+    assert_eq!(
+        short_starts(&srv),
+        3.0,
+        "deep beside the stream: the main context"
+    );
+    assert_eq!(main_prefill(&srv), deep);
+    drop(sse);
+    srv.signal("TERM");
+    assert_eq!(srv.wait_exit(std::time::Duration::from_secs(120)), Some(0));
+
+    // Timed slower there: a long prompt alone runs in the main context.
+    whole_chunks_entry(&cache, 7.0);
+    let srv = Server::start(&args);
+    assert!(!srv.log().contains("nothing else running"), "{}", srv.log());
+    srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": long_prompt(90), "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(short_starts(&srv), 0.0);
+    assert_eq!(main_prefill(&srv), n);
+    drop(srv);
+    let _ = std::fs::remove_dir_all(cache.parent().expect("dir"));
+}
