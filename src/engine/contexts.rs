@@ -12,7 +12,12 @@
 //! (ggml's tiled kernel needs 64 queries a pass). One pairing cannot serve
 //! both chats and a long prompt beside them at the peer's speed; a request
 //! whose prompt and answer fit `short_cells` is served by the second
-//! context, every other one by the main. Each sequence id has a *home*: the
+//! context, every other one by the main, with two exceptions (`place`): a
+//! request that starts with nothing else running goes to the second one
+//! whatever its length where `--calibrate-only` timed whole chunks faster
+//! there (its prompt is prefilled in whole chunks), and one whose prompt
+//! would be cut into small chunks deep beside streams there goes to the
+//! main one. Each sequence id has a *home*: the
 //! context its cells are in. Sequences of one pass share a home (a pass is
 //! one `llama_decode`), so a step whose decoding streams live in both makes
 //! one more pass over the weights.
