@@ -177,14 +177,7 @@ fn serve(cfg: Config) -> Result<(), String> {
     let local = listener.local_addr().map_err(|e| e.to_string())?;
     report::model(&cfg, &loaded, n_ctx);
     report::threads(&cfg, &front_size, started.n_ubatch);
-    if let Some((most, stream)) = started.short {
-        let alone = started.short_alone.map_or(String::new(), |c| {
-            format!(", and with nothing else running those of at most {c} cells (the calibration cache's timings: a prompt alone is prefilled faster there)")
-        });
-        crate::say!(
-            "sluice: requests of at most {most} cells (prompt + max_tokens) run in a second context, flash attention on, f16 cache, {stream} cells a sequence (--short-cells){alone}"
-        );
-    }
+    report::short_context(started.short, started.short_alone);
     let stream_cells = crate::startup::staggered_cells(loaded.n_ctx);
     let kv_cells = match cfg.kv_layout {
         ffi::KvLayout::PerSequence => stream_cells * cfg.parallel,

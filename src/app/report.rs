@@ -116,6 +116,20 @@ pub(super) fn policies(cfg: &Config) {
 }
 
 /// The model, its context, its template, structured output and embeddings.
+/// The short requests' context, if there is one: the most cells of a
+/// request it serves, its streams' cells, and those of a request it serves
+/// when nothing else runs (`Started::short_alone`).
+pub(super) fn short_context(short: Option<(usize, usize)>, alone: Option<usize>) {
+    if let Some((most, stream)) = short {
+        let alone = alone.map_or(String::new(), |c| {
+            format!(", and with nothing else running those of at most {c} cells (the calibration cache's timings: a prompt alone is prefilled faster there)")
+        });
+        crate::say!(
+            "sluice: requests of at most {most} cells (prompt + max_tokens) run in a second context, flash attention on, f16 cache, {stream} cells a sequence (--short-cells){alone}"
+        );
+    }
+}
+
 pub(super) fn model(cfg: &Config, loaded: &super::Loaded, n_ctx: usize) {
     let model: &Model = &loaded.model;
     crate::say!(
