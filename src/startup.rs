@@ -138,9 +138,7 @@ fn time_pairings(
     candidates: &[(FlashAttn, KvType)],
     depths: &[usize],
 ) -> Result<Vec<Vec<engine::calibration::AttentionTiming>>, String> {
-    use engine::calibration::{
-        prompt, time_attention, FLASH_ATTN_CHUNK_TOKENS, WHOLE_CHUNK_TOKENS,
-    };
+    use engine::calibration::{prompt, time_attention, WHOLE_CHUNK_TOKENS};
     let mut ctxs = candidates
         .iter()
         .map(|&(flash_attn, kv_type)| {
@@ -163,7 +161,7 @@ fn time_pairings(
         .enumerate()
         .map(|(i, &d)| {
             let whole = i + 1 == depths.len() && d + WHOLE_CHUNK_TOKENS < per_seq;
-            let prompt = prompt(model, d + FLASH_ATTN_CHUNK_TOKENS.max(WHOLE_CHUNK_TOKENS))?;
+            let prompt = prompt(model, d + WHOLE_CHUNK_TOKENS)?;
             time_attention(&mut ctxs, &prompt, d, parallel, base.kv_layout, whole)
         })
         .collect::<Result<Vec<_>, String>>()?;

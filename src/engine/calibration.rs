@@ -170,6 +170,8 @@ pub const FLASH_ATTN_CHUNK_TOKENS: usize = 32;
 /// passes of 512. 256 ranks them as 512 does at half the time, and keeps the
 /// timing contexts' buffers small.
 pub const WHOLE_CHUNK_TOKENS: usize = 256;
+// The whole chunk's tokens hold the small chunk's (`time_attention`).
+const _: () = assert!(WHOLE_CHUNK_TOKENS >= FLASH_ATTN_CHUNK_TOKENS);
 /// Timed rounds of the whole chunk (the pairings taking turns; the fastest
 /// counts): each is a second or more on a slow CPU.
 const WHOLE_CHUNK_REPS: usize = 2;
@@ -274,10 +276,9 @@ pub fn time_attention(
     layout: KvLayout,
     whole: bool,
 ) -> Result<Vec<AttentionTiming>, String> {
-    let tail = if whole {
-        WHOLE_CHUNK_TOKENS.max(FLASH_ATTN_CHUNK_TOKENS)
-    } else {
-        FLASH_ATTN_CHUNK_TOKENS
+    let (tail, whole_reps) = match whole {
+        true => (WHOLE_CHUNK_TOKENS, WHOLE_CHUNK_REPS),
+        false => (FLASH_ATTN_CHUNK_TOKENS, 0),
     };
     assert!(
         prompt.len() >= depth + tail,
@@ -301,7 +302,7 @@ pub fn time_attention(
     }
     let mut wholes = vec![f64::INFINITY; ctxs.len()];
     let whole_chunk = &prompt[depth..depth + tail];
-    for _ in 0..if whole { WHOLE_CHUNK_REPS } else { 0 } {
+    for _ in 0..whole_reps {
         for (i, ctx) in ctxs.iter_mut().enumerate().filter(|(i, _)| timed[*i]) {
             wholes[i] = wholes[i].min(chunk_seconds(ctx, depth, whole_chunk)?);
             ctx.pause_threads();
