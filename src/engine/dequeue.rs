@@ -102,15 +102,11 @@ impl Engine {
         let mut batch_blocked = false;
         let closed = loop {
             let closed = self.fill_held(jobs);
-            // A free slot whose stream holds parked cells is taken last
-            // (try_start moves a job that reuses them there).
-            let parked = self.parked_slot();
-            let Some(slot) = (0..self.slots.len())
-                .filter(|&i| self.slots[i].is_none())
-                .min_by_key(|&i| Some(i) == parked)
-            else {
+            // Which free slot a job takes depends on the context it starts
+            // in (`try_start`).
+            if self.slots.iter().all(Option::is_some) {
                 break closed;
-            };
+            }
             let batch_may_start = !batch_blocked && self.batch_running() < self.cfg.batch_slots;
             let [interactive, batch] = [&self.held[0], &self.held[1]].map(Option::is_some);
             let Some(class) = self.picker.pick(interactive, batch, batch_may_start) else {
@@ -119,7 +115,7 @@ impl Engine {
             let job = self.held[class.index()]
                 .take()
                 .expect("the picker picks a class that waits");
-            match self.try_start(ctx, slot, job) {
+            match self.try_start(ctx, job) {
                 Start::Started => self.picker.started(class, batch && batch_may_start),
                 Start::Refused => {}
                 // Not enough KV cells: it keeps its place at the head, and
@@ -147,9 +143,10 @@ impl Engine {
         closed
     }
 
-    /// Starts `job` in `slot`, or refuses it (deadline passed, client gone,
-    /// shed); gives it back when its KV cells are not free yet.
-    pub(super) fn try_start(&mut self, ctx: &mut Contexts, slot: usize, job: Job) -> Start {
+    /// Starts `job` in a free slot (there is one), or refuses it (deadline
+    /// passed, client gone, shed); gives it back when its KV cells are not
+    /// free yet.
+    pub(super) fn try_start(&mut self, ctx: &mut Contexts, job: Job) -> Start {
         let now = Instant::now();
         let class = job.class;
         let Some(job) = self.alive(job, now) else {
@@ -196,6 +193,7 @@ impl Engine {
             Some(Source::Parked) => self.parked_runs.0,
             Some(Source::Cached(_)) | None => 0,
         };
+        let slot = self.free_slot(ctx, home);
         let (slot, reuse) = self.place(ctx, (slot, home), source, reuse, &job);
         self.metrics
             .prefix_tokens_reused
@@ -213,6 +211,23 @@ impl Engine {
         let _ = seq.job.events.try_send(Event::Started);
         self.slots[slot] = Some(seq);
         Start::Started
+    }
+
+    /// The free slot a job starting in context `home` takes
+    /// (`passes::slot_for`): per sequence, one that keeps the ids of the
+    /// sequences there consecutive, so that their decode tokens go in one
+    /// pass over the weights; the parked slot last otherwise (`place` moves
+    /// a job that reuses its cells there).
+    fn free_slot(&self, ctx: &Contexts, home: usize) -> usize {
+        let per_seq = self.cfg.kv_layout == KvLayout::PerSequence;
+        let (running, free): (Vec<usize>, Vec<usize>) =
+            (0..self.slots.len()).partition(|&i| self.slots[i].is_some());
+        let running: Vec<usize> = running
+            .into_iter()
+            .filter(|&i| per_seq && ctx.home(i) == home)
+            .collect();
+        passes::slot_for(&free, &running, self.parked_slot())
+            .expect("a job starts only when a slot is free")
     }
 
     /// `job`, unless it is dead work: its caller's deadline passed (it never

@@ -590,6 +590,13 @@ impl Engine {
             .map(|s| Arc::clone(s.job.cancel.raw()))
             .collect();
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
+        if self.cfg.kv_layout == KvLayout::PerSequence {
+            let runs = passes::id_runs(placed.iter().map(|&(slot, _, _)| slot));
+            let split = runs.saturating_sub(1) as u64;
+            self.metrics
+                .passes_split
+                .fetch_add(split, Ordering::Relaxed);
+        }
         let reused_before = ctx.graphs_reused();
         let home = placed
             .first()

@@ -104,10 +104,67 @@ pub fn by_home(
     out
 }
 
+/// Runs of consecutive ids among `slots`. Per-sequence KV, llama.cpp takes a
+/// micro-batch's sequences in increasing consecutive ids only
+/// (`llama_batch_allocr::split_equal`), so a `llama_decode` makes one pass
+/// over the weights per run: decode tokens of slots 0 and 2 cost two passes,
+/// of 2 and 3 one.
+pub fn id_runs(slots: impl IntoIterator<Item = usize>) -> usize {
+    let mut ids: Vec<usize> = slots.into_iter().collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let gaps = ids.windows(2).filter(|w| w[1] != w[0] + 1).count();
+    usize::from(!ids.is_empty()) + gaps
+}
+
+/// The slot, of the `free` ones, a job takes beside the sequences `running`
+/// in the context it starts in: the one that leaves them in the fewest runs
+/// of consecutive ids (`id_runs`: each run is one more pass over the weights
+/// at every step they decode together), then one other than the `parked`
+/// slot (its cells wait for their conversation's next turn; a job that
+/// starts there puts them away first), then the lowest. In a closed loop of
+/// 2 clients, taking the lowest free slot left the two streams in slots 0
+/// and 2 a third of the time: two passes a decode step.
+pub fn slot_for(free: &[usize], running: &[usize], parked: Option<usize>) -> Option<usize> {
+    free.iter().copied().min_by_key(|&slot| {
+        let runs = id_runs(running.iter().copied().chain([slot]));
+        (runs, Some(slot) == parked, slot)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::contexts::SHORT;
     use super::*;
+
+    #[test]
+    fn id_runs_counts_the_passes_llama_cpp_makes_of_per_sequence_ids() {
+        assert_eq!(id_runs([]), 0);
+        assert_eq!(id_runs([2]), 1);
+        assert_eq!(id_runs([2, 3]), 1);
+        assert_eq!(id_runs([0, 2]), 2);
+        assert_eq!(id_runs([3, 0, 1]), 2);
+        assert_eq!(id_runs([0, 1, 2, 3]), 1);
+        assert_eq!(id_runs([0, 2, 4, 5]), 3);
+        assert_eq!(id_runs([1, 1, 2]), 1, "a slot counted once");
+    }
+
+    #[test]
+    fn a_job_takes_the_free_slot_that_keeps_the_running_ids_consecutive() {
+        // Nothing running: the lowest slot that is not parked.
+        assert_eq!(slot_for(&[0, 1, 2, 3], &[], None), Some(0));
+        assert_eq!(slot_for(&[0, 1, 2, 3], &[], Some(0)), Some(1));
+        // Beside slot 2: slot 3 (or 1), not 0.
+        assert_eq!(slot_for(&[0, 1, 3], &[2], Some(1)), Some(3));
+        assert_eq!(slot_for(&[0, 1, 3], &[2], None), Some(1));
+        // Beside slot 3, with 2 parked and 0 and 1 free: the parked slot,
+        // rather than a second pass at every step.
+        assert_eq!(slot_for(&[0, 1, 2], &[3], Some(2)), Some(2));
+        // A gap the job fills: two runs become one.
+        assert_eq!(slot_for(&[1, 3], &[0, 2], None), Some(1));
+        // No free slot.
+        assert_eq!(slot_for(&[], &[0, 1, 2, 3], None), None);
+    }
 
     #[test]
     fn a_pass_over_sequences_of_both_contexts_goes_as_two() {

@@ -185,6 +185,10 @@ pub struct Metrics {
     /// `llama_decode` calls: a step makes one for its decode tokens, one for
     /// its prompt chunks (per-sequence KV) and one for embedding inputs.
     pub passes: AtomicU64,
+    /// Passes over the weights beyond one per `passes` because its
+    /// sequences' ids were not consecutive (per-sequence KV, llama.cpp makes
+    /// one micro-batch per run of consecutive ids).
+    pub passes_split: AtomicU64,
     /// Graph computations of `passes` (a pass computes one per llama.cpp
     /// micro-batch) that reused the previous one's compute graph.
     pub graphs_reused: AtomicU64,
@@ -264,6 +268,7 @@ impl Default for Metrics {
             prompt_tokens: AtomicU64::new(0),
             steps: AtomicU64::new(0),
             passes: AtomicU64::new(0),
+            passes_split: AtomicU64::new(0),
             graphs_reused: AtomicU64::new(0),
             step_tokens: AtomicU64::new(0),
             steps_mixed: AtomicU64::new(0),

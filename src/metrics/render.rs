@@ -230,6 +230,12 @@ impl Metrics {
         );
         counter(
             out,
+            "sluice_passes_split_total",
+            "Passes over the weights beyond one per llama_decode call, because its sequences' ids were not consecutive (per-sequence KV: llama.cpp makes one micro-batch per run of consecutive ids; a request takes the free slot that keeps them consecutive).",
+            l(&self.passes_split),
+        );
+        counter(
+            out,
             "sluice_graphs_reused_total",
             "Graph computations of the llama_decode passes (one per micro-batch) that reused the previous one's compute graph instead of building it again (same tokens, sequences, outputs and attention span).",
             l(&self.graphs_reused),

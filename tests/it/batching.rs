@@ -674,3 +674,55 @@ fn a_long_prompt_overdue_in_its_slot_goes_first_every_other_step_beside_a_shorte
         "{prefilled} tokens prefilled when the short prompt was answered; the long one has {long}"
     );
 }
+
+#[test]
+fn a_request_takes_the_free_slot_that_keeps_the_streams_in_one_pass() {
+    // Per sequence, llama.cpp makes one pass over the weights per run of
+    // consecutive sequence ids in a llama_decode: streams in slots 0 and 2
+    // cost two passes at every step. Slots free up in any order; here 0 and
+    // 1 do while 2 runs, and the next request must not take 0.
+    let srv = Server::start(&["--parallel", "4", "--short-cells", "0"]);
+    type Stream = (
+        std::thread::JoinHandle<usize>,
+        Arc<AtomicUsize>,
+        Arc<AtomicBool>,
+    );
+    let split = || srv.metric("sluice_passes_split_total");
+    let active = || srv.metric("sluice_sequences_active");
+    let start = |prompt: &str| -> Stream {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (handle, received) = background_stream_of(srv.addr, prompt, 2000, Arc::clone(&stop));
+        wait_until(Duration::from_secs(120), "the stream to decode", || {
+            received.load(Ordering::Relaxed) >= 2
+        });
+        (handle, received, stop)
+    };
+    let end = |(handle, _, stop): Stream, left: f64| {
+        stop.store(true, Ordering::Relaxed);
+        handle.join().expect("background stream");
+        wait_until(Duration::from_secs(120), "the stream to end", || {
+            active() == left
+        });
+    };
+    let a = start("Alpha: write a story about a lighthouse keeper.");
+    let b = start("Bravo: list every country in Europe.");
+    let c = start("Charlie: explain how a steam engine works.");
+    assert_eq!(active(), 3.0);
+    assert_eq!(split(), 0.0, "slots 0, 1 and 2 in one pass");
+    end(a, 2.0);
+    end(b, 1.0);
+    // Beside the stream in slot 2: slot 1 or 3, not 0.
+    let d = start("Delta: describe the water cycle in detail.");
+    let counts = |s: &Stream| s.1.load(Ordering::Relaxed);
+    let (c_before, d_before) = (counts(&c), counts(&d));
+    wait_until(Duration::from_secs(120), "both streams to decode", || {
+        counts(&c) >= c_before + 16 && counts(&d) >= d_before + 16
+    });
+    assert_eq!(
+        split(),
+        0.0,
+        "two streams decoding together in two passes a step"
+    );
+    end(c, 1.0);
+    end(d, 0.0);
+}
