@@ -49,7 +49,7 @@ pub fn run() -> Result<(), String> {
         Err(early) => {
             return match early.status {
                 Ok(()) => {
-                    println!("{}", early.output);
+                    print_out(&format!("{}\n", early.output));
                     Ok(())
                 }
                 Err(()) => Err(format!("{}Run 'sluice --help' for more.", early.output)),
@@ -69,11 +69,23 @@ pub fn run() -> Result<(), String> {
 
 fn print_version() {
     ffi::backend_init(false);
-    println!("sluice {}", env!("CARGO_PKG_VERSION"));
-    println!("commit: {}", env!("SLUICE_GIT_COMMIT"));
-    println!("built for: target-cpu={}", env!("SLUICE_TARGET_CPU"));
-    println!("target features: {}", env!("SLUICE_TARGET_FEATURES"));
-    println!("llama.cpp: {}", ffi::system_info());
+    print_out(&format!(
+        "sluice {}\ncommit: {}\nbuilt for: target-cpu={}\ntarget features: {}\nllama.cpp: {}\n",
+        env!("CARGO_PKG_VERSION"),
+        env!("SLUICE_GIT_COMMIT"),
+        env!("SLUICE_TARGET_CPU"),
+        env!("SLUICE_TARGET_FEATURES"),
+        ffi::system_info()
+    ));
+}
+
+/// Writes `text` to stdout; a reader that closed the pipe early (`sluice
+/// --version | head -1`) took what it wanted, so a failed write is not an
+/// error (`println!` panics on it).
+fn print_out(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
 }
 
 /// Allocations from this size up are the kernel's pages, returned on free

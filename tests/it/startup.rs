@@ -18,6 +18,25 @@ fn version_reports_commit_and_cpu_features() {
     assert!(text.contains("llama.cpp: CPU :"), "{text}");
 }
 
+#[test]
+fn version_and_help_into_a_closed_pipe_exit_quietly() {
+    // `sluice --version | head -1`: the reader is gone before the rest is
+    // written. That is the reader's choice, not a crash of sluice.
+    for arg in ["--version", "--help"] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(binary())
+            .arg(arg)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{arg}: {:?}\n{stderr}", out.status);
+        assert!(!stderr.contains("panicked"), "{arg}: {stderr}");
+    }
+}
+
 fn serve_fails(model: &std::path::Path) -> String {
     let out = Command::new(binary())
         .args(["serve", "--port", "0", "--model"])
