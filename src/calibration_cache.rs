@@ -21,7 +21,7 @@
 //! next start's measurement (logged).
 
 use crate::engine::calibration::Calibration;
-use crate::engine::served::{choice_for, prefills_whole_faster, DepthTiming, Served};
+use crate::engine::served::{choice_for, lone_trade, DepthTiming, Served};
 use crate::ffi::{FlashAttn, KvLayout, KvType};
 use crate::startup::pairing_name;
 use serde::{Deserialize, Serialize};
@@ -119,11 +119,13 @@ impl Entry {
         Some(parse_pairing(&names[chosen]).unwrap_or(kept))
     }
 
-    /// Whether a prompt prefilled alone goes faster in the short requests'
+    /// Where a prompt prefilled alone goes faster in the short requests'
     /// context (flash attention on, f16) than with `main`, the pairing
     /// served with, by the whole chunks both were timed prefilling
-    /// (`served::prefills_whole_faster`). False when either was not timed so.
-    pub fn short_prefills_whole_faster(&self, main: (FlashAttn, KvType)) -> bool {
+    /// (`served::prefills_whole_faster`): the answer tokens one prompt token
+    /// pays for there (`served::lone_trade`). `None` when it is not faster,
+    /// or either was not timed so.
+    pub fn short_lone_trade(&self, main: (FlashAttn, KvType)) -> Option<f64> {
         let timings = |p: (FlashAttn, KvType)| {
             let at = self
                 .key
@@ -134,9 +136,9 @@ impl Entry {
         };
         match (timings(main), timings((FlashAttn::On, KvType::F16))) {
             (Some(m), Some(s)) if self.attention_timings.len() == self.key.candidates.len() => {
-                prefills_whole_faster(m, s)
+                lone_trade(m, s)
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -633,23 +635,27 @@ mod tests {
         let mut k = key(4);
         k.candidates = vec!["off/q8_0/f16".into(), "on/f16".into()];
         let mut e = Entry::new(k, q8, true, &calibration(700.0));
-        assert!(!e.short_prefills_whole_faster(q8), "nothing timed");
+        assert!(e.short_lone_trade(q8).is_none(), "nothing timed");
         e.attention_timings = vec![
             vec![t(128, None), t(1024, Some(6.3))],
             vec![t(128, None), t(1024, Some(5.4))],
         ];
-        assert!(e.short_prefills_whole_faster(q8));
-        assert!(!e.short_prefills_whole_faster(on_f16), "itself");
+        assert_eq!(
+            e.short_lone_trade(q8),
+            Some(f64::INFINITY),
+            "decoding no dearer"
+        );
+        assert!(e.short_lone_trade(on_f16).is_none(), "itself");
         assert!(
-            !e.short_prefills_whole_faster((FlashAttn::Off, KvType::F16)),
+            e.short_lone_trade((FlashAttn::Off, KvType::F16)).is_none(),
             "not a candidate timed"
         );
         e.attention_timings[1][1] = t(1024, Some(7.0));
-        assert!(!e.short_prefills_whole_faster(q8), "slower");
+        assert!(e.short_lone_trade(q8).is_none(), "slower");
         e.attention_timings[1][1] = t(1024, None);
-        assert!(!e.short_prefills_whole_faster(q8), "an older cache's");
+        assert!(e.short_lone_trade(q8).is_none(), "an older cache's");
         e.attention_timings.pop();
-        assert!(!e.short_prefills_whole_faster(q8), "timings missing");
+        assert!(e.short_lone_trade(q8).is_none(), "timings missing");
     }
 
     #[test]

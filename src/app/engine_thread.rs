@@ -36,8 +36,9 @@ pub(super) struct Started {
     /// serves, and the cells of each of its streams.
     pub(super) short: Option<(usize, usize)>,
     /// The most cells of a request it serves when nothing else runs, if a
-    /// prompt alone is prefilled faster there (`Contexts::lone_cells`).
-    pub(super) short_alone: Option<usize>,
+    /// prompt alone is prefilled faster there (`Contexts::lone_cells`), and
+    /// the answer tokens a prompt token pays for there (`Contexts::lone_trade`).
+    pub(super) short_alone: Option<(usize, f64)>,
 }
 
 type Ready = Result<Started, String>;
@@ -56,10 +57,10 @@ pub(super) struct Plan {
     pub(super) calibrate: bool,
     /// `--calibrate-only`: time the pairings now, whatever is kept.
     measure_now: bool,
-    /// The cache's timings say a prompt alone is prefilled faster with
-    /// flash attention on and an f16 cache than with the kept pairing
-    /// (`Entry::short_prefills_whole_faster`).
-    short_alone: bool,
+    /// Where the cache's timings say a prompt alone is prefilled faster with
+    /// flash attention on and an f16 cache than with the kept pairing: the
+    /// answer tokens a prompt token pays for there (`Entry::short_lone_trade`).
+    short_alone: Option<f64>,
 }
 
 impl Plan {
@@ -72,10 +73,10 @@ impl Plan {
                     (
                         pairing.map(|p| (p, e.attention_measured)),
                         e.calibration().filter(|_| calibrate),
-                        pairing.is_some_and(|p| e.short_prefills_whole_faster(p)),
+                        pairing.and_then(|p| e.short_lone_trade(p)),
                     )
                 }
-                None => (None, None, false),
+                None => (None, None, None),
             };
         Plan {
             engine_cfg: engine_config(cfg, n_ctx),
@@ -186,7 +187,7 @@ fn engine_main(
     // What one request may use: the cells admission reserves in all
     // (llama.cpp's are rounded up; `staggered_cells`).
     let short = ctx.short_cells().zip(ctx.short_stream_cells());
-    let short_alone = ctx.lone_cells();
+    let short_alone = ctx.lone_cells().zip(ctx.lone_trade());
     let main = ctx.main();
     let n_ctx = engine_cfg.n_ctx.min(match engine_cfg.kv_layout {
         KvLayout::Unified => main.n_ctx(),
@@ -236,8 +237,8 @@ fn short_context(
         return Contexts::one(main);
     }
     let stream = match plan.short_alone {
-        true => cells.max(LONE_CELLS).min(cfg.n_ctx),
-        false => cells,
+        Some(_) => cells.max(LONE_CELLS).min(cfg.n_ctx),
+        None => cells,
     };
     let params = ContextParams {
         n_ctx: (staggered_cells(stream) * cfg.parallel) as u32,

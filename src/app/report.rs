@@ -118,11 +118,16 @@ pub(super) fn policies(cfg: &Config) {
 /// The model, its context, its template, structured output and embeddings.
 /// The short requests' context, if there is one: the most cells of a
 /// request it serves, its streams' cells, and those of a request it serves
-/// when nothing else runs (`Started::short_alone`).
-pub(super) fn short_context(short: Option<(usize, usize)>, alone: Option<usize>) {
+/// when nothing else runs, and the answer tokens a prompt token pays for
+/// there (`Started::short_alone`).
+pub(super) fn short_context(short: Option<(usize, usize)>, alone: Option<(usize, f64)>) {
     if let Some((most, stream)) = short {
-        let alone = alone.map_or(String::new(), |c| {
-            format!(", and with nothing else running those of at most {c} cells (the calibration cache's timings: a prompt alone is prefilled faster there)")
+        let alone = alone.map_or(String::new(), |(c, trade)| {
+            let pays = match trade.is_finite() {
+                true => format!(", its answer at most {trade:.2} tokens a prompt token (a prompt token's faster prefill there against an answer token's dearer decoding)"),
+                false => String::new(),
+            };
+            format!(", and with nothing else running those of at most {c} cells (the calibration cache's timings: a prompt alone is prefilled faster there){pays}")
         });
         crate::say!(
             "sluice: requests of at most {most} cells (prompt + max_tokens) run in a second context, flash attention on, f16 cache, {stream} cells a sequence (--short-cells){alone}"

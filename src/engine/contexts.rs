@@ -53,8 +53,9 @@ pub const LONE_CELLS: usize = 4096;
 pub struct Fit {
     /// Its prompt and answer fit `--short-cells`.
     pub short: bool,
-    /// It fits the short requests' context's streams, and a prompt alone is
-    /// prefilled faster there (`Contexts::lone_cells`).
+    /// It fits the short requests' context's streams, a prompt alone is
+    /// prefilled faster there, and its prompt pays for its answer there
+    /// (`Contexts::goes_alone`).
     pub alone: bool,
     /// Its prompt tokens to prefill are at most `SHORT_CHUNKED_PROMPT_MAX`.
     pub shallow: bool,
@@ -93,6 +94,9 @@ pub struct Contexts {
     /// Most cells of a request it serves when nothing else runs (its
     /// streams'), or 0: a prompt alone is not prefilled faster there.
     lone_cells: usize,
+    /// The answer tokens one prompt token pays for there
+    /// (`served::lone_trade`).
+    lone_trade: f64,
 }
 
 impl Contexts {
@@ -104,19 +108,21 @@ impl Contexts {
             last: MAIN,
             short_cells: 0,
             lone_cells: 0,
+            lone_trade: 0.0,
         }
     }
 
     /// `main`, and `short` for the requests of at most `short_cells` cells
-    /// (its streams hold at least that many), and, with `alone`, for any
-    /// request its streams hold that starts with nothing else running;
-    /// `n_seq` sequence ids, each at home in `main` until placed.
+    /// (its streams hold at least that many), and, with `alone` (the answer
+    /// tokens a prompt token pays for there), for a request its streams
+    /// hold that starts with nothing else running and whose prompt pays for
+    /// its answer; `n_seq` sequence ids, each at home in `main` until placed.
     pub fn with_short(
         main: Context,
         short: Context,
         n_seq: usize,
         short_cells: usize,
-        alone: bool,
+        alone: Option<f64>,
     ) -> Contexts {
         let stream = short.n_ctx_seq();
         assert!(stream >= short_cells, "short streams hold short requests");
@@ -125,7 +131,8 @@ impl Contexts {
             home: vec![MAIN; n_seq],
             last: MAIN,
             short_cells,
-            lone_cells: if alone { stream } else { 0 },
+            lone_cells: if alone.is_some() { stream } else { 0 },
+            lone_trade: alone.unwrap_or(0.0),
         }
     }
 
@@ -139,6 +146,23 @@ impl Contexts {
     /// nothing else runs, if a prompt alone is prefilled faster there.
     pub fn lone_cells(&self) -> Option<usize> {
         (self.ctxs.len() > SHORT && self.lone_cells > 0).then_some(self.lone_cells)
+    }
+
+    /// The answer tokens one prompt token pays for in the short requests'
+    /// context, where a prompt alone is prefilled faster there.
+    pub fn lone_trade(&self) -> Option<f64> {
+        self.lone_cells().map(|_| self.lone_trade)
+    }
+
+    /// Whether a request that starts alone goes to the short requests'
+    /// context (`Fit::alone`): a prompt alone is prefilled faster there, its
+    /// `cells` fit the streams there, and its `prompt` tokens' gain pays for
+    /// its `answer` tokens' dearer decoding there (`served::lone_trade`; a
+    /// short prompt with a long answer, one of the side-by-side's
+    /// head-of-line streams, would only lose).
+    pub fn goes_alone(&self, cells: usize, prompt: usize, answer: usize) -> bool {
+        self.lone_cells()
+            .is_some_and(|most| cells <= most && prompt as f64 * self.lone_trade >= answer as f64)
     }
 
     /// Cells each stream of the short requests' context holds, if there is

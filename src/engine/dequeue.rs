@@ -525,7 +525,11 @@ impl Engine {
         let running = [contexts::MAIN, contexts::SHORT].map(running);
         let fit = contexts::Fit {
             short,
-            alone: ctx.lone_cells().is_some_and(|c| job.kv_cells() <= c),
+            alone: ctx.goes_alone(
+                job.kv_cells(),
+                job.prompt.len(),
+                job.kv_cells().saturating_sub(job.prompt.len()),
+            ),
             // Asked only where it decides (a prefix lookup).
             shallow: short && running[contexts::SHORT] && shallow(),
         };

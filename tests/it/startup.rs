@@ -368,8 +368,9 @@ fn the_tokens_served_choose_among_the_timed_pairings_at_the_next_start() {
 /// The cache's entry made to say what `--calibrate-only` would have timed
 /// on a CPU where flash attention with an f16 cache prefills a whole chunk
 /// 1,024 deep at `on_f16_ms` a token, off with K in q8_0 (the pairing kept,
-/// the fastest at everything else) at 6.3 ms.
-fn whole_chunks_entry(cache: &std::path::Path, on_f16_ms: f64) {
+/// the fastest at everything else) at 6.3 ms; and decodes there at
+/// `on_f16_decode_ms` a token against 10.
+fn whole_chunks_entry(cache: &std::path::Path, on_f16_ms: f64, on_f16_decode_ms: f64) {
     let t = |depth: u64, ms: f64, whole: Option<f64>| {
         let mut t = json!({"depth": depth, "decode_s_per_token": ms / 1e3, "prefill_s_per_token": ms / 2e3});
         if let Some(w) = whole {
@@ -384,7 +385,10 @@ fn whole_chunks_entry(cache: &std::path::Path, on_f16_ms: f64) {
             [t(128, 8.0, None), t(1024, 10.0, Some(6.3))],
             [t(128, 9.0, None), t(1024, 12.0, Some(6.6))],
             [t(128, 9.0, None), t(1024, 12.0, Some(7.2))],
-            [t(128, 9.0, None), t(1024, 14.0, Some(on_f16_ms))],
+            [
+                t(128, 9.0, None),
+                t(1024, on_f16_decode_ms, Some(on_f16_ms))
+            ],
         ]),
     );
 }
@@ -410,7 +414,7 @@ fn a_prompt_alone_runs_where_whole_chunks_were_timed_faster_and_a_deep_one_besid
     assert_eq!(srv.wait_exit(std::time::Duration::from_secs(120)), Some(0));
     // Flash attention with an f16 cache timed faster at whole chunks: the
     // short requests' context takes a long prompt that runs alone.
-    whole_chunks_entry(&cache, 5.4);
+    whole_chunks_entry(&cache, 5.4, 10.0);
     let mut srv = Server::start(&args);
     assert!(
         srv.log()
@@ -467,8 +471,40 @@ fn a_prompt_alone_runs_where_whole_chunks_were_timed_faster_and_a_deep_one_besid
     srv.signal("TERM");
     assert_eq!(srv.wait_exit(std::time::Duration::from_secs(120)), Some(0));
 
+    // Decoding dearer there (14 ms a token against 10): a prompt token's
+    // 0.9 ms gained pays for 0.225 answer tokens. The long prompt with a
+    // short answer alone still runs there; a short prompt with a long
+    // answer (the side-by-side's head-of-line streams) in the main context.
+    whole_chunks_entry(&cache, 5.4, 14.0);
+    let mut srv = Server::start(&args);
+    assert!(
+        srv.log().contains("its answer at most 0.2"),
+        "{}",
+        srv.log()
+    );
+    srv.post_ok(
+        "/v1/completions",
+        &json!({"prompt": long_prompt(90), "max_tokens": 8, "temperature": 0}),
+    );
+    assert_eq!(short_starts(&srv), 1.0, "its prompt pays for its answer");
+    let mut sse = Sse::open(
+        srv.addr,
+        "/v1/completions",
+        &json!({"prompt": "Write a poem about the sea.", "stream": true, "max_tokens": 2000, "ignore_eos": true, "temperature": 0}),
+    );
+    assert_eq!(sse.status, 200);
+    assert!(sse.next_json().is_some(), "a first token");
+    assert_eq!(
+        short_starts(&srv),
+        1.0,
+        "a long answer alone: the main context"
+    );
+    drop(sse);
+    srv.signal("TERM");
+    assert_eq!(srv.wait_exit(std::time::Duration::from_secs(120)), Some(0));
+
     // Timed slower there: a long prompt alone runs in the main context.
-    whole_chunks_entry(&cache, 7.0);
+    whole_chunks_entry(&cache, 7.0, 10.0);
     let srv = Server::start(&args);
     assert!(!srv.log().contains("nothing else running"), "{}", srv.log());
     srv.post_ok(
