@@ -15,7 +15,8 @@
 //! context, every other one by the main, with two exceptions (`place`): a
 //! request that starts with nothing else running goes to the second one
 //! whatever its length where `--calibrate-only` timed whole chunks faster
-//! there (its prompt is prefilled in whole chunks), and one whose prompt
+//! there (its prompt is prefilled in whole chunks) and its prompt pays for
+//! its answer's decoding there (`goes_alone`), and one whose prompt
 //! would be cut into small chunks deep beside streams there goes to the
 //! main one. Each sequence id has a *home*: the
 //! context its cells are in. Sequences of one pass share a home (a pass is

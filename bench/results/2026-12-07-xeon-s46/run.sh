@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # As run, session 46 (2026-12-07), 2-core Xeon KVM (AVX-512, AMX), from the
-# repository root at 0368536: the whole side-by-side, AVX2 leg (both built for
+# repository root at b91a770: the whole side-by-side, AVX2 leg (both built for
 # x86-64-v3), loops at the harness's new default of 30 s.
 set -euo pipefail
 RUSTFLAGS="-C target-cpu=x86-64-v3" ./deploy/cargo build --release -p sluice --target-dir target/avx2
