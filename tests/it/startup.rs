@@ -393,6 +393,19 @@ fn whole_chunks_entry(cache: &std::path::Path, on_f16_ms: f64, on_f16_decode_ms:
     );
 }
 
+/// A stream of a short prompt and a 2,000-token answer, started (its first
+/// token read), whose client then reads nothing: paused, in its slot.
+fn long_answer_started(srv: &Server) -> Sse {
+    let mut sse = Sse::open(
+        srv.addr,
+        "/v1/completions",
+        &json!({"prompt": "Write a poem about the sea.", "stream": true, "max_tokens": 2000, "ignore_eos": true, "temperature": 0}),
+    );
+    assert_eq!(sse.status, 200);
+    assert!(sse.next_json().is_some(), "a first token");
+    sse
+}
+
 #[test]
 fn a_prompt_alone_runs_where_whole_chunks_were_timed_faster_and_a_deep_one_beside_streams_does_not()
 {
@@ -440,13 +453,7 @@ fn a_prompt_alone_runs_where_whole_chunks_were_timed_faster_and_a_deep_one_besid
 
     // A stream too long for --short-cells starts alone there too, and stays
     // (its client reads one event and then nothing: paused, in its slot).
-    let mut sse = Sse::open(
-        srv.addr,
-        "/v1/completions",
-        &json!({"prompt": "Write a poem about the sea.", "stream": true, "max_tokens": 2000, "ignore_eos": true, "temperature": 0}),
-    );
-    assert_eq!(sse.status, 200);
-    assert!(sse.next_json().is_some(), "a first token");
+    let sse = long_answer_started(&srv);
     assert_eq!(short_starts(&srv), 2.0);
     // Beside it, a chat joins it there; a prompt of over 256 tokens (that
     // would go in small chunks, deep) runs in the main context.
@@ -487,13 +494,7 @@ fn a_prompt_alone_runs_where_whole_chunks_were_timed_faster_and_a_deep_one_besid
         &json!({"prompt": long_prompt(90), "max_tokens": 8, "temperature": 0}),
     );
     assert_eq!(short_starts(&srv), 1.0, "its prompt pays for its answer");
-    let mut sse = Sse::open(
-        srv.addr,
-        "/v1/completions",
-        &json!({"prompt": "Write a poem about the sea.", "stream": true, "max_tokens": 2000, "ignore_eos": true, "temperature": 0}),
-    );
-    assert_eq!(sse.status, 200);
-    assert!(sse.next_json().is_some(), "a first token");
+    let sse = long_answer_started(&srv);
     assert_eq!(
         short_starts(&srv),
         1.0,
