@@ -36,8 +36,8 @@ pub(super) struct Started {
     /// serves, and the cells of each of its streams.
     pub(super) short: Option<(usize, usize)>,
     /// The most cells of a request it serves when nothing else runs, if a
-    /// prompt alone is prefilled faster there (`Contexts::lone_cells`), and
-    /// the answer tokens a prompt token pays for there (`Contexts::lone_trade`).
+    /// prompt alone is prefilled faster there, and the answer tokens a
+    /// prompt token pays for there (`Contexts::lone`).
     pub(super) short_alone: Option<(usize, f64)>,
 }
 
@@ -187,7 +187,7 @@ fn engine_main(
     // What one request may use: the cells admission reserves in all
     // (llama.cpp's are rounded up; `staggered_cells`).
     let short = ctx.short_cells().zip(ctx.short_stream_cells());
-    let short_alone = ctx.lone_cells().zip(ctx.lone_trade());
+    let short_alone = ctx.lone();
     let main = ctx.main();
     let n_ctx = engine_cfg.n_ctx.min(match engine_cfg.kv_layout {
         KvLayout::Unified => main.n_ctx(),

@@ -115,7 +115,6 @@ pub(super) fn policies(cfg: &Config) {
     }
 }
 
-/// The model, its context, its template, structured output and embeddings.
 /// The short requests' context, if there is one: the most cells of a
 /// request it serves, its streams' cells, and those of a request it serves
 /// when nothing else runs, and the answer tokens a prompt token pays for
@@ -135,6 +134,7 @@ pub(super) fn short_context(short: Option<(usize, usize)>, alone: Option<(usize,
     }
 }
 
+/// The model, its context, its template, structured output and embeddings.
 pub(super) fn model(cfg: &Config, loaded: &super::Loaded, n_ctx: usize) {
     let model: &Model = &loaded.model;
     crate::say!(

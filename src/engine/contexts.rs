@@ -92,12 +92,10 @@ pub struct Contexts {
     last: usize,
     /// Most cells of a request served by the short requests' context.
     short_cells: usize,
-    /// Most cells of a request it serves when nothing else runs (its
-    /// streams'), or 0: a prompt alone is not prefilled faster there.
-    lone_cells: usize,
-    /// The answer tokens one prompt token pays for there
-    /// (`served::lone_trade`).
-    lone_trade: f64,
+    /// Where a prompt alone is prefilled faster there: the most cells of a
+    /// request it serves when nothing else runs (its streams'), and the
+    /// answer tokens one prompt token pays for there (`served::lone_trade`).
+    lone: Option<(usize, f64)>,
 }
 
 impl Contexts {
@@ -108,8 +106,7 @@ impl Contexts {
             home: Vec::new(),
             last: MAIN,
             short_cells: 0,
-            lone_cells: 0,
-            lone_trade: 0.0,
+            lone: None,
         }
     }
 
@@ -132,8 +129,7 @@ impl Contexts {
             home: vec![MAIN; n_seq],
             last: MAIN,
             short_cells,
-            lone_cells: if alone.is_some() { stream } else { 0 },
-            lone_trade: alone.unwrap_or(0.0),
+            lone: alone.map(|trade| (stream, trade)),
         }
     }
 
@@ -143,27 +139,23 @@ impl Contexts {
         (self.ctxs.len() > SHORT).then_some(self.short_cells)
     }
 
-    /// Most cells of a request the short requests' context serves when
-    /// nothing else runs, if a prompt alone is prefilled faster there.
-    pub fn lone_cells(&self) -> Option<usize> {
-        (self.ctxs.len() > SHORT && self.lone_cells > 0).then_some(self.lone_cells)
-    }
-
-    /// The answer tokens one prompt token pays for in the short requests'
-    /// context, where a prompt alone is prefilled faster there.
-    pub fn lone_trade(&self) -> Option<f64> {
-        self.lone_cells().map(|_| self.lone_trade)
+    /// Where a prompt alone is prefilled faster in the short requests'
+    /// context: the most cells of a request it serves when nothing else
+    /// runs, and the answer tokens one prompt token pays for there.
+    pub fn lone(&self) -> Option<(usize, f64)> {
+        self.lone
     }
 
     /// Whether a request that starts alone goes to the short requests'
     /// context (`Fit::alone`): a prompt alone is prefilled faster there, its
-    /// `cells` fit the streams there, and its `prompt` tokens' gain pays for
-    /// its `answer` tokens' dearer decoding there (`served::lone_trade`; a
-    /// short prompt with a long answer, one of the side-by-side's
-    /// head-of-line streams, would only lose).
-    pub fn goes_alone(&self, cells: usize, prompt: usize, answer: usize) -> bool {
-        self.lone_cells()
-            .is_some_and(|most| cells <= most && prompt as f64 * self.lone_trade >= answer as f64)
+    /// `cells` (prompt + answer) fit the streams there, and its `prompt`
+    /// tokens' gain pays for its answer tokens' dearer decoding there
+    /// (`served::lone_trade`; a short prompt with a long answer, one of the
+    /// side-by-side's head-of-line streams, would only lose).
+    pub fn goes_alone(&self, cells: usize, prompt: usize) -> bool {
+        let answer = cells.saturating_sub(prompt);
+        self.lone
+            .is_some_and(|(most, trade)| cells <= most && prompt as f64 * trade >= answer as f64)
     }
 
     /// Cells each stream of the short requests' context holds, if there is

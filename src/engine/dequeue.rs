@@ -525,11 +525,7 @@ impl Engine {
         let running = [contexts::MAIN, contexts::SHORT].map(running);
         let fit = contexts::Fit {
             short,
-            alone: ctx.goes_alone(
-                job.kv_cells(),
-                job.prompt.len(),
-                job.kv_cells().saturating_sub(job.prompt.len()),
-            ),
+            alone: ctx.goes_alone(job.kv_cells(), job.prompt.len()),
             // Asked only where it decides (a prefix lookup).
             shallow: short && running[contexts::SHORT] && shallow(),
         };
