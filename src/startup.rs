@@ -5,7 +5,7 @@
 
 use crate::config::{FlashAttnSetting, KvTypeSetting};
 use crate::engine::calibration::Calibration;
-use crate::engine::served::DepthTiming;
+use crate::engine::served::{judged_timings, DepthTiming, JUDGED_DEEP_TOKENS};
 use crate::engine::{self, EngineConfig};
 use crate::ffi::{Context, ContextParams, FlashAttn, KvType, Model};
 use std::sync::Arc;
@@ -99,22 +99,7 @@ pub fn measure_attention(
             return (candidates[0], Vec::new());
         }
     };
-    let chosen = candidates[attention_choice(&by_depth)];
-    let each: Vec<String> = candidates
-        .iter()
-        .zip(&by_depth)
-        .zip(worst_ratios(&by_depth))
-        .map(|((&c, t), worst)| format!("{} {} ({worst:.2}x)", name(c), at_each_depth(t)))
-        .collect();
-    let at: Vec<String> = depths.iter().map(usize::to_string).collect();
-    crate::say!(
-        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depths {}, judged by each pairing's worst timing against the best; ms a token decoding {parallel} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk (deepest, also /a {WHOLE_CHUNK_TOKENS}-token one, as a prompt alone is prefilled: not judged here), and that worst: {})",
-        name(chosen),
-        started.elapsed().as_secs_f64(),
-        at.join(" and "),
-        each.join(", ")
-    );
-    let timings = by_depth
+    let timings: Vec<Vec<DepthTiming>> = by_depth
         .iter()
         .map(|t| {
             depths
@@ -124,6 +109,25 @@ pub fn measure_attention(
                 .collect()
         })
         .collect();
+    // Also a document's depth, on each pairing's line, as deep as a
+    // sequence's cells allow.
+    let deep = JUDGED_DEEP_TOKENS.min(per_seq);
+    let judged = judged_timings(&timings, deep);
+    let chosen = candidates[attention_choice(&judged)];
+    let each: Vec<String> = candidates
+        .iter()
+        .zip(&by_depth)
+        .zip(worst_ratios(&judged))
+        .map(|((&c, t), worst)| format!("{} {} ({worst:.2}x)", name(c), at_each_depth(t)))
+        .collect();
+    let at: Vec<String> = depths.iter().map(usize::to_string).collect();
+    crate::say!(
+        "sluice: attention: flash attention/KV type {} (measured in {:.1} s at depths {}, judged by each pairing's worst timing against the best there and {deep} deep on the line through them; ms a token decoding {parallel} sequences/prefilling a {FLASH_ATTN_CHUNK_TOKENS}-token chunk (deepest, also /a {WHOLE_CHUNK_TOKENS}-token one, as a prompt alone is prefilled: not judged here), and that worst: {})",
+        name(chosen),
+        started.elapsed().as_secs_f64(),
+        at.join(" and "),
+        each.join(", ")
+    );
     (chosen, timings)
 }
 

@@ -168,6 +168,35 @@ pub fn at_depth(timings: &[DepthTiming], depth: f64) -> AttentionTiming {
     }
 }
 
+/// A document's depth, where `--calibrate-only` also judges the pairings
+/// (`judged_timings`): on the line through their two timings, not timed
+/// (prefilling it in each pairing would take most of a first start's few
+/// seconds). Two timings 1,024 deep at most do not tell a pairing whose cost
+/// climbs steeply with depth: on the 2-core Xeon's AVX2 build (2026-12-07)
+/// flash attention on with a q8_0 cache prefilled 32-token chunks 1,024
+/// deep 1.11x slower than off with K in q8_0 and decoded 128 deep 1.24x
+/// faster, so a first start chose it in one run of three; 4,096 deep
+/// llama-bench had it at 52.8 tok/s against 78.8 (the line through the two
+/// timings: 56 against 74), and with it a ~6,300-token prompt beside two
+/// streams reached its first token in 135.7 s against 88.1 s.
+pub const JUDGED_DEEP_TOKENS: usize = 4_096;
+
+/// Each pairing's timings as `calibration::attention_choice` judges them:
+/// those timed, depth by depth, then the line through them read `deep`
+/// tokens deep (`at_depth`) where that is deeper than the last.
+pub fn judged_timings(timings: &[Vec<DepthTiming>], deep: usize) -> Vec<Vec<AttentionTiming>> {
+    timings
+        .iter()
+        .map(|t| {
+            let mut judged: Vec<AttentionTiming> = t.iter().map(|d| d.timing).collect();
+            if t.last().is_some_and(|last| deep > last.depth) {
+                judged.push(at_depth(t, deep as f64));
+            }
+            judged
+        })
+        .collect()
+}
+
 /// Seconds a pairing with `timings` would have spent on the tokens `served`.
 pub fn served_cost_s(timings: &[DepthTiming], served: &Served) -> f64 {
     let prefill = at_depth(timings, served.prefill_depth_mean).prefill_s_per_token;
@@ -285,6 +314,38 @@ mod tests {
         let one = [t(128, 10.0, 4.0)];
         assert_eq!(at_depth(&one, 4000.0), at_depth(&one, 128.0));
         assert!(at_depth(&[], 100.0).prefill_s_per_token.is_infinite());
+    }
+
+    #[test]
+    fn the_pairings_are_also_judged_a_documents_depth_deep_on_their_lines() {
+        use crate::engine::calibration::{attention_choice, worst_ratios};
+        // The Xeon's AVX2 build, `--calibrate-only` 2026-12-07 (ms a token at
+        // 128 and 1,024 deep; candidate order off/q8_0/f16, off/f16, on/q8_0,
+        // on/f16): on/q8_0 decodes 1.24x faster 128 deep, prefills 1.11x
+        // slower 1,024 deep, and 4,096 deep (llama-bench) 1.49x slower.
+        let xeon_avx2 = vec![
+            vec![t(128, 8.00, 4.27), t(1024, 11.95, 6.35)],
+            vec![t(128, 8.29, 4.33), t(1024, 14.26, 6.76)],
+            vec![t(128, 6.44, 3.94), t(1024, 10.30, 7.04)],
+            vec![t(128, 6.60, 4.16), t(1024, 12.71, 9.04)],
+        ];
+        let timed: Vec<Vec<AttentionTiming>> = xeon_avx2
+            .iter()
+            .map(|p| p.iter().map(|d| d.timing).collect())
+            .collect();
+        assert_eq!(attention_choice(&timed), 2, "the two timed depths alone");
+        let judged = judged_timings(&xeon_avx2, JUDGED_DEEP_TOKENS);
+        assert_eq!(judged[2].len(), 3);
+        assert_eq!(judged[2][2], at_depth(&xeon_avx2[2], 4096.0));
+        // 4,096 deep on its line: 17.7 against 13.5 ms a prompt token.
+        let worst = worst_ratios(&judged);
+        assert!((1.30..1.32).contains(&worst[2]), "{worst:?}");
+        assert!((1.24..1.25).contains(&worst[0]), "{worst:?}");
+        assert_eq!(attention_choice(&judged), 0);
+        // No deeper than the last timing: the timings as they are.
+        let shallow = judged_timings(&xeon_avx2, 1024);
+        assert_eq!(shallow, timed);
+        assert_eq!(attention_choice(&shallow), 2);
     }
 
     #[test]
