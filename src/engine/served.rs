@@ -174,8 +174,9 @@ pub fn at_depth(timings: &[DepthTiming], depth: f64) -> AttentionTiming {
 /// seconds). Two timings 1,024 deep at most do not tell a pairing whose cost
 /// climbs steeply with depth: on the 2-core Xeon's AVX2 build (2026-12-07)
 /// flash attention on with a q8_0 cache prefilled 32-token chunks 1,024
-/// deep 1.11x slower than off with K in q8_0 and decoded 128 deep 1.24x
-/// faster, so a first start chose it in one run of three; 4,096 deep
+/// deep 1.11-1.15x slower than off with K in q8_0 and decoded 128 deep
+/// ~1.24x faster, so judged at those two it won in 5 of 8 runs' timings
+/// (bench/results/2026-12-07-xeon-s47/calibrate/); 4,096 deep
 /// llama-bench had it at 52.8 tok/s against 78.8 (the line through the two
 /// timings: 56 against 74), and with it a ~6,300-token prompt beside two
 /// streams reached its first token in 135.7 s against 88.1 s.
