@@ -318,6 +318,11 @@ impl Engine {
         // reuses them starts there (no copy), and cuts what follows the shared
         // prefix; another job starting there puts them away first (saved
         // when short enough, else dropped).
+        // Putting the parked sequence away below saves it: the entry about to
+        // be restored is not the one that makes room.
+        if let Some(Source::Cached(id)) = source {
+            self.prefix.hold(id);
+        }
         let slot = match (source, self.parked_slot()) {
             (Some(Source::Parked), Some(_)) => self.take_over_parked(ctx, reuse),
             (_, Some(parked)) if parked == slot => {

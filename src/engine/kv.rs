@@ -41,9 +41,22 @@ impl Engine {
         (runs, exact): (usize, bool),
     ) {
         let home = ctx.home(seq as usize);
-        let room = self
-            .prefix
-            .make_room(&tokens, ctx.sequence_state_size(seq), home);
+        let bytes = ctx.sequence_state_size(seq);
+        let room = self.prefix.make_room(&tokens, bytes, home);
+        if !room.room {
+            // Larger than the whole bound, or only the entry about to be
+            // restored could have made room: not copied out (in the latter
+            // case its tokens are as good as evicted).
+            let dropped = if self.prefix.could_keep(bytes) {
+                tokens.len()
+            } else {
+                0
+            };
+            self.metrics
+                .prefix_tokens_evicted
+                .fetch_add((room.evicted_tokens + dropped) as u64, Ordering::Relaxed);
+            return;
+        }
         let started = Instant::now();
         let state = ctx.save_sequence(seq);
         if exact && runs >= SAVE_RUNS_LEARN_MIN {

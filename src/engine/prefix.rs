@@ -52,11 +52,14 @@ struct Entry {
     home: usize,
 }
 
-/// What `insert` removed: tokens of the entries evicted for room (the ones
-/// the new entry covers are not counted: it holds them all).
+/// What `insert` or `make_room` removed: tokens of the entries evicted for
+/// room (the ones the new entry covers are not counted: it holds them all),
+/// and whether the room was made (not when only the held entry could give
+/// it: the state is then not kept).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Inserted {
     pub evicted_tokens: usize,
+    pub room: bool,
 }
 
 #[derive(Debug)]
@@ -65,6 +68,9 @@ pub struct PrefixCache {
     bytes: usize,
     bytes_max: usize,
     clock: u64,
+    /// The entry a request being placed is about to restore (`hold`): no
+    /// room is made from it until `take_use` takes it.
+    held: Option<EntryId>,
     /// The entries changed since `take_changed` last said.
     changed: bool,
 }
@@ -77,6 +83,7 @@ impl PrefixCache {
             bytes: 0,
             bytes_max,
             clock: 0,
+            held: None,
             changed: false,
         }
     }
@@ -128,8 +135,19 @@ impl PrefixCache {
             .map_or(0, |e| e.tokens.len())
     }
 
-    /// The state of entry `id`, now the most recently used.
+    /// Keeps entry `id` until `take_use`: a request placed in a slot that
+    /// holds a parked sequence saves that one first, and the entry it is
+    /// about to restore, often the least recently used, must not be the one
+    /// that makes room (in the side-by-side of session 49 it was, 1-5 times
+    /// a round: those prompts were prefilled whole).
+    pub fn hold(&mut self, id: EntryId) {
+        self.held = Some(id);
+    }
+
+    /// The state of entry `id`, now the most recently used (and no longer
+    /// held).
     pub fn take_use(&mut self, id: EntryId) -> Option<&[u8]> {
+        self.held = None;
         self.clock += 1;
         let e = self.entries.iter_mut().find(|e| e.id == id)?;
         e.used_at = self.clock;
@@ -145,6 +163,9 @@ impl PrefixCache {
             return Inserted::default();
         }
         let out = self.make_room(&tokens, state.len(), home);
+        if !out.room {
+            return out;
+        }
         self.clock += 1;
         self.bytes += state.len();
         self.entries.push(Entry {
@@ -172,7 +193,7 @@ impl PrefixCache {
         let covered: Vec<EntryId> = self
             .entries
             .iter()
-            .filter(|e| e.home == home)
+            .filter(|e| e.home == home && Some(e.id) != self.held)
             .filter(|e| e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens))
             .map(|e| e.id)
             .collect();
@@ -185,12 +206,18 @@ impl PrefixCache {
                 None => break,
             }
         }
+        out.room = self.bytes + bytes <= self.bytes_max;
         out
     }
 
-    /// Removes the least recently used entry; its tokens.
+    /// Removes the least recently used entry but the held one; its tokens.
     fn evict_lru(&mut self) -> Option<usize> {
-        let id = self.entries.iter().min_by_key(|e| e.used_at)?.id;
+        let id = self
+            .entries
+            .iter()
+            .filter(|e| Some(e.id) != self.held)
+            .min_by_key(|e| e.used_at)?
+            .id;
         self.remove(id)
     }
 
@@ -231,6 +258,32 @@ mod tests {
         // A state larger than the whole bound evicts nothing.
         assert_eq!(c.make_room(&[1], 101, 0).evicted_tokens, 0);
         assert_eq!(c.len(), 2);
+    }
+
+    #[test]
+    fn the_entry_about_to_be_restored_never_makes_room() {
+        let mut c = PrefixCache::new(100);
+        c.insert(vec![1, 2, 3], state(40), 0);
+        c.insert(vec![4, 5, 6], state(40), 0);
+        let (held, _, _) = c.best(&[1, 2, 3, 9], 0).unwrap();
+        c.hold(held);
+        // The held entry is the least recently used: the other goes instead.
+        let made = c.make_room(&[7, 8, 9], 40, 0);
+        assert_eq!((made.evicted_tokens, made.room), (3, true));
+        assert_eq!(c.entry_tokens(held), 3);
+        // Nor is it covered away by a longer entry of its tokens.
+        c.insert(vec![1, 2, 3, 4], state(40), 0);
+        assert_eq!(c.entry_tokens(held), 3);
+        assert_eq!(c.len(), 2);
+        // Room only it could make is not made, and the state is not kept.
+        let kept = c.insert(vec![8], state(70), 0);
+        assert_eq!(kept.evicted_tokens, 4);
+        assert!(!kept.room);
+        assert_eq!((c.len(), c.bytes()), (1, 40));
+        assert!(c.take_use(held).is_some());
+        // Used, it is an entry like any other.
+        let made = c.make_room(&[8], 70, 0);
+        assert_eq!((made.evicted_tokens, made.room), (3, true));
     }
 
     #[test]

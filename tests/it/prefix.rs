@@ -458,6 +458,105 @@ fn stream_beside(srv: &Server) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || while stream.next_json().is_some() {})
 }
 
+/// Tokens of `text` as the server counts a completion's prompt.
+fn count_tokens(srv: &Server, text: &str) -> usize {
+    let v = srv.post_ok("/tokenize", &json!({ "prompt": text }));
+    v["tokens"].as_array().expect("tokens").len()
+}
+
+/// A prompt of about `tokens` tokens that shares no first token with the
+/// others of `saving_the_parked_...` (each starts with its own word).
+fn prompt_of(srv: &Server, word: &str, tokens: usize) -> String {
+    let mut lines = 1;
+    loop {
+        let p = format!("{word}. {}", long_prompt(lines));
+        if count_tokens(srv, &p) >= tokens {
+            return p;
+        }
+        lines += 1;
+    }
+}
+
+/// Per sequence, a request placed in the slot where another sequence is
+/// parked puts that one away first: it is saved, and a full cache makes room
+/// for it. The entry the request is about to restore is never the one that
+/// goes, though it is the least recently used (it was: in the side-by-side
+/// of session 49 sluice logged "the prefix cache entry could not be
+/// restored" 1-5 times a round and prefilled those prompts whole).
+#[test]
+fn saving_the_parked_sequence_never_evicts_the_entry_being_restored() {
+    let mib = 4usize;
+    let srv = Server::start(&[
+        "--parallel",
+        "2",
+        "--short-cells",
+        "0",
+        "--prefix-cache-mb",
+        &mib.to_string(),
+    ]);
+    let answer = 4;
+    let body = |prompt: &str| json!({"prompt": prompt, "max_tokens": answer, "temperature": 0, "ignore_eos": true});
+    // E alone: saved once the engine is idle.
+    let e = prompt_of(&srv, "Apples", 16);
+    let first = complete(&srv, body(&e));
+    let e_tokens = prompt_tokens(&first) as usize;
+    wait_parked_saved(&srv, 1.0);
+    // State bytes a cell, from E's entry: F and X are sized from it so that
+    // E + F fit the cache, and E + X, but not E + F + X: X's save must evict
+    // one, and evicting F is enough.
+    let per_cell = srv.metric("sluice_prefix_cache_bytes") / (e_tokens + answer) as f64;
+    let bound = (mib << 20) as f64;
+    let e_share = (e_tokens + answer) as f64 * per_cell / bound;
+    assert!(e_share < 0.2, "E is {e_share:.2} of the cache");
+    let prompt_cells = |share: f64| (share * bound / per_cell) as usize - answer;
+    let f = prompt_of(&srv, "Mountains", prompt_cells(0.6));
+    let x = prompt_of(&srv, "Wolves", prompt_cells(0.6));
+
+    // A stream far longer than the three requests beside it (in steps: each
+    // takes a few prefill steps and four decode steps), read on a thread of
+    // its own: the engine is never idle, so a sequence that ends stays
+    // parked until the next request takes its slot (the only one free).
+    let mut stream = Sse::open(
+        srv.addr,
+        "/v1/completions",
+        &json!({"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": true,
+                "temperature": 0, "stream": true}),
+    );
+    assert_eq!(stream.status, 200);
+    assert!(stream.next_json().is_some(), "the stream's first token");
+    let stop = Arc::new(AtomicBool::new(false));
+    let reader =
+        {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) && stream.next_json().is_some() {}
+            })
+        };
+
+    // F is parked; X takes its slot and saves it (E + F fit); X is parked.
+    complete(&srv, body(&f));
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 1.0, "F parked");
+    complete(&srv, body(&x));
+    assert_eq!(srv.metric("sluice_prefix_cache_entries"), 2.0, "E and F");
+    let evicted = srv.metric("sluice_prefix_cache_tokens_evicted_total");
+
+    // E again, in X's slot: E's entry is the least recently used, and X's
+    // save needs room. F gives way, and E's state comes back.
+    let again = complete(&srv, body(&e));
+    assert_eq!(
+        cached_tokens(&again),
+        e_tokens as u64 - 1,
+        "E's entry restored: {again}"
+    );
+    assert_eq!(first["choices"][0]["text"], again["choices"][0]["text"]);
+    assert!(
+        srv.metric("sluice_prefix_cache_tokens_evicted_total") > evicted,
+        "F evicted"
+    );
+    stop.store(true, Ordering::Relaxed);
+    reader.join().expect("stream reader");
+}
+
 /// Per sequence, a request that ends while a stream decodes is parked even
 /// when its save would be short (at the default ITL target): its cells stay
 /// in its stream, which no pass attends, and the same prompt again takes
