@@ -11,9 +11,14 @@
 //! A server that prefills the long prompt in one piece (or in chunks that are
 //! large for this machine) makes every stream wait for it: the largest gap is
 //! the prefill time. One that budgets each step keeps the gap near one step.
+//!
+//! On a virtual machine the host may take a CPU away for a while (`steal`):
+//! the report says how much it took during the prefill and around the
+//! largest gap, which is then the server's only where that is about nothing.
 
 use crate::client::Target;
 use crate::http::Sse;
+use crate::steal;
 use crate::workload::prompt_text;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -82,6 +87,16 @@ pub struct HolReport {
     pub stream_times_s: Vec<Vec<f64>>,
     pub long_sent_s: f64,
     pub long_first_s: f64,
+    /// The largest gap during the prefill: its start and end, seconds since
+    /// the streams started.
+    pub largest_gap_s: Option<(f64, f64)>,
+    /// Steal time (all CPUs, ms) during the prefill, and around its largest
+    /// gap (`steal::Samples::within`); None where `/proc/stat` is not read.
+    pub steal_during_ms: Option<f64>,
+    pub steal_in_largest_gap_ms: Option<f64>,
+    /// Each interval of the run in which a CPU was stolen from: (seconds
+    /// since the streams started, the CPU, ms).
+    pub steal_events: Vec<(f64, usize, f64)>,
 }
 
 impl HolReport {
@@ -97,6 +112,12 @@ impl HolReport {
                 "long_sent_s": self.long_sent_s,
                 "long_first_token_s": self.long_first_s,
                 "stream_token_s": self.stream_times_s,
+            },
+            "steal": {
+                "during_long_prefill_ms": self.steal_during_ms,
+                "largest_gap_s": self.largest_gap_s.map(|(a, b)| [a, b]),
+                "in_largest_gap_ms": self.steal_in_largest_gap_ms,
+                "events": self.steal_events.iter().map(|&(t, cpu, ms)| json!([t, cpu, ms])).collect::<Vec<_>>(),
             },
         })
     }
@@ -125,8 +146,20 @@ struct Stream {
     ended: AtomicBool,
 }
 
+/// The largest gap between two tokens of one stream that overlaps
+/// `[t0, t1]`: (ms, its start, its end), times as `split_gaps` splits them.
+pub fn largest_gap(streams: &[Vec<f64>], t0: f64, t1: f64) -> Option<(f64, f64, f64)> {
+    streams
+        .iter()
+        .flat_map(|times| times.windows(2))
+        .filter(|w| w[1] > t0 && w[0] < t1)
+        .map(|w| ((w[1] - w[0]) * 1e3, w[0], w[1]))
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+}
+
 pub fn run(target: &Target, cfg: &HolConfig) -> Result<HolReport, String> {
     let started = Instant::now();
+    let steal = steal::Sampler::start(started);
     let stop = Arc::new(AtomicBool::new(false));
     let path = format!("{}/v1/chat/completions", target.prefix);
     let streams: Vec<Arc<Stream>> = (0..cfg.streams)
@@ -235,6 +268,7 @@ pub fn run(target: &Target, cfg: &HolConfig) -> Result<HolReport, String> {
         Ok((t0, t1, status, prompt_tokens, outlasted))
     })();
     stop.store(true, Ordering::Relaxed);
+    let steal = steal.finish();
     for h in handles {
         h.join()
             .map_err(|_| "a stream thread panicked".to_string())??;
@@ -250,7 +284,12 @@ pub fn run(target: &Target, cfg: &HolConfig) -> Result<HolReport, String> {
         during.extend(d);
         stream_times_s.push(times.iter().map(|&t| since(t)).collect());
     }
+    let largest = largest_gap(&stream_times_s, since(t0), since(t1));
     Ok(HolReport {
+        largest_gap_s: largest.map(|(_, a, b)| (a, b)),
+        steal_during_ms: steal.within(since(t0), since(t1)),
+        steal_in_largest_gap_ms: largest.and_then(|(_, a, b)| steal.within(a, b)),
+        steal_events: steal.events(),
         before: Gaps::of(before),
         during: Gaps::of(during),
         long_ttft: t1.duration_since(t0),
@@ -290,6 +329,19 @@ fn has_content(v: &Value) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_largest_gap_is_one_that_overlaps_the_prefill() {
+        let streams = vec![vec![0.0, 1.0, 1.1, 1.35, 1.4], vec![0.9, 1.2, 3.0]];
+        // The prefill is [1.05, 1.3]: [0.0, 1.0] ends before it; [1.2, 3.0]
+        // starts within it and is the largest.
+        let (ms, a, b) = largest_gap(&streams, 1.05, 1.3).unwrap();
+        assert_eq!(((ms * 1e3).round() / 1e3, a, b), (1800.0, 1.2, 3.0));
+        // A prefill that ends before 1.2: [0.9, 1.2] is the largest.
+        let (ms, a, b) = largest_gap(&streams, 1.05, 1.15).unwrap();
+        assert_eq!(((ms * 1e3).round() / 1e3, a, b), (300.0, 0.9, 1.2));
+        assert_eq!(largest_gap(&streams, 5.0, 6.0), None);
+    }
 
     #[test]
     fn gaps_are_split_at_the_long_prompts_send_and_first_token() {

@@ -12,6 +12,7 @@
 //! - `conversation`: a multi-turn chat that re-sends its history every turn.
 //! - `runner`: open and closed loops, progress, target sampling, `/metrics` deltas.
 //! - `stats`: outcomes, latency histograms, goodput.
+//! - `steal`: the host's steal time from the box's CPUs (`/proc/stat`), sampled during `hol`.
 //! - `plot`: the sweep's SVG.
 
 pub mod arrivals;
@@ -22,4 +23,5 @@ pub mod http;
 pub mod plot;
 pub mod runner;
 pub mod stats;
+pub mod steal;
 pub mod workload;

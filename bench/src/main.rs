@@ -598,6 +598,16 @@ fn print_hol(r: &HolReport) {
             name, g.count, g.p50_ms, g.p99_ms, g.max_ms
         );
     }
+    if let Some(during) = r.steal_during_ms {
+        // The host's steal from this box's CPUs (a VM): a gap it stretched
+        // is not the server's.
+        let around = r
+            .steal_in_largest_gap_ms
+            .map_or("?".to_string(), |ms| format!("{ms:.0}"));
+        println!(
+            "steal (CPU time the host took from this box): {during:.0} ms during the prefill, {around} ms around its largest gap"
+        );
+    }
 }
 
 fn row(

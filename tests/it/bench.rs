@@ -136,3 +136,54 @@ fn a_short_overload_run_counts_what_sluice_counted() {
         requests - completed
     );
 }
+
+/// The head-of-line figure reports its largest gap where it was, and the
+/// host's steal time from the box's CPUs during the prefill and around that
+/// gap (read from `/proc/stat`: a VM's host may stretch a step by taking a
+/// CPU away, and the figure must say so rather than blame the server).
+#[test]
+fn a_short_head_of_line_run_places_its_largest_gap_and_reads_steal_time() {
+    let srv = Server::start(&[]);
+    let out = std::env::temp_dir().join(format!("sluice-bench-hol-{}.json", std::process::id()));
+    let status = Command::new(bench_binary())
+        .args(["hol", "--url", &format!("http://{}", srv.addr)])
+        .args(["--long-prompt-tokens", "400", "--hol-stream-tokens", "600"])
+        .args(["--temperature", "0", "--timeout-s", "600", "--quiet"])
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run sluice-bench");
+    assert!(status.success());
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    let _ = std::fs::remove_file(out.with_extension("svg"));
+    let r = &report["result"];
+    assert_eq!(r["long_status"], 200, "{r}");
+    assert_eq!(r["streams_outlasted_prefill"], true, "{r}");
+    // The largest gap lies across the prefill, and is the one the table gives.
+    let gap = r["steal"]["largest_gap_s"].as_array().expect("largest gap");
+    let (a, b) = (gap[0].as_f64().unwrap(), gap[1].as_f64().unwrap());
+    let timeline = &r["timeline"];
+    let (sent, first) = (
+        timeline["long_sent_s"].as_f64().unwrap(),
+        timeline["long_first_token_s"].as_f64().unwrap(),
+    );
+    assert!(
+        a < b && b > sent && a < first,
+        "{gap:?} against [{sent}, {first}]"
+    );
+    let max_ms = r["gaps_during_long_prefill"]["max_ms"].as_f64().unwrap();
+    assert!(
+        ((b - a) * 1e3 - max_ms).abs() < 1e-3,
+        "{a}..{b} against {max_ms}"
+    );
+    // Steal is read on Linux: a number of milliseconds, whole ticks.
+    for key in ["during_long_prefill_ms", "in_largest_gap_ms"] {
+        let ms = r["steal"][key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} in {r}"));
+        assert!(ms >= 0.0 && ms % 10.0 == 0.0, "{key}: {ms}");
+    }
+    assert!(r["steal"]["events"].is_array());
+}
