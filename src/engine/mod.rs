@@ -422,6 +422,8 @@ impl Engine {
     /// attention spans as many cells as the deepest sequence's stream holds,
     /// so streams decoding beside a long prompt would pay for its depth. A
     /// chunk of one token no deeper than the decode tokens goes in their pass.
+    /// The chunks' pass goes first when one of them ends its prompt
+    /// (`passes::passes`): its first token does not wait for the streams'.
     fn step(&mut self, ctx: &mut Contexts, plan: &planner::Plan) {
         let n_decode = plan.n_decode();
         let seq = |slot: usize| self.slots[slot].as_ref().expect("planned slot is active");
@@ -430,6 +432,7 @@ impl Engine {
             self.cfg.kv_layout == KvLayout::PerSequence,
             |slot| seq(slot).job.embed().is_some(),
             |slot| seq(slot).n_past,
+            |slot, n| seq(slot).n_past + n >= seq(slot).job.prompt.len(),
         );
         let mut took = Duration::ZERO;
         let mut n_tokens = 0;

@@ -2,8 +2,13 @@
 //! streams makes two: in one pass every sequence attends as deep as the
 //! deepest stream in it, so decode tokens go apart from prompt chunks, but
 //! for a one-token chunk (a restored prompt's last token) no deeper than the
-//! decode tokens' padded span, which rides with them. An embedding request's
-//! chunks always go in a pass of their own, with embeddings on.
+//! decode tokens' padded span, which rides with them. The decode tokens' pass
+//! goes first, unless a chunk of the other ends its prompt: that prompt's
+//! first token then comes out one decode pass sooner (llama-server's comes
+//! out of the one pass that holds both), and the streams' tokens of the step
+//! one prefill later (the gap a prompt costs them is as long, one token
+//! sooner). An embedding request's chunks always go in a pass of their own,
+//! with embeddings on.
 
 use super::contexts::MAIN;
 use super::planner::{Entry, Plan, Work};
@@ -47,13 +52,15 @@ pub struct Passes<'p> {
 /// sequence (`per_seq`), decode tokens and prompt chunks go in two passes,
 /// since in one pass every sequence attends as deep as the deepest stream
 /// in it; a chunk that `rides_decode_pass` goes in the decode tokens' (the
-/// cost model counts it as a decode token). `depth` is a slot's next
-/// position.
+/// cost model counts it as a decode token). The prompt chunks' pass goes
+/// first when `ends_prompt(slot, tokens)` says one of them ends its prompt.
+/// `depth` is a slot's next position.
 pub fn passes<'p>(
     plan: &'p Plan,
     per_seq: bool,
     embeds: impl Fn(usize) -> bool,
     depth: impl Fn(usize) -> usize,
+    ends_prompt: impl Fn(usize, usize) -> bool,
 ) -> Passes<'p> {
     let (embeds, rest): (Vec<&Entry>, Vec<&Entry>) =
         plan.entries.iter().partition(|e| embeds(e.slot));
@@ -69,10 +76,18 @@ pub fn passes<'p>(
         .map(|e| e.slot)
         .collect();
     let mut passes = if per_seq && n_decode > 0 && n_decode + riders.len() < rest.len() {
-        let (decode, prefill) = rest
+        let (decode, prefill): (Vec<&Entry>, Vec<&Entry>) = rest
             .into_iter()
             .partition(|e| e.work == Work::Decode || riders.contains(&e.slot));
-        vec![(decode, false), (prefill, false)]
+        let first_token = prefill.iter().any(|e| match e.work {
+            Work::Prefill { n_tokens } => ends_prompt(e.slot, n_tokens),
+            Work::Decode => false,
+        });
+        if first_token {
+            vec![(prefill, false), (decode, false)]
+        } else {
+            vec![(decode, false), (prefill, false)]
+        }
     } else if rest.is_empty() {
         Vec::new()
     } else {
@@ -180,7 +195,7 @@ mod tests {
         };
         // Slots 1 and 2 are short requests; 0 and 3 (a long prompt) are not.
         let home = |slot: usize| [MAIN, SHORT, SHORT, MAIN][slot];
-        let p = passes(&plan, true, |_| false, |_| 100);
+        let p = passes(&plan, true, |_| false, |_| 100, |_, _| false);
         assert_eq!(p.passes.len(), 2, "decode tokens apart from the chunk");
         let split = by_home(p.passes, home);
         let slots: Vec<Vec<usize>> = split
@@ -189,10 +204,40 @@ mod tests {
             .collect();
         assert_eq!(slots, vec![vec![0], vec![1, 2], vec![3]]);
         // Every sequence in one context: the passes as they were.
-        let p = passes(&plan, true, |_| false, |_| 100);
+        let p = passes(&plan, true, |_| false, |_| 100, |_, _| false);
         assert_eq!(by_home(p.passes, |_| SHORT).len(), 2);
-        let p = passes(&plan, true, |_| false, |_| 100);
+        let p = passes(&plan, true, |_| false, |_| 100, |_, _| false);
         assert_eq!(by_home(p.passes, |_| MAIN).len(), 2);
+    }
+
+    #[test]
+    fn a_chunk_that_ends_its_prompt_goes_before_the_decode_tokens() {
+        let e = |slot, work| Entry { slot, work };
+        let plan = Plan {
+            entries: vec![
+                e(0, Work::Decode),
+                e(1, Work::Decode),
+                e(2, Work::Prefill { n_tokens: 40 }),
+                e(3, Work::Prefill { n_tokens: 90 }),
+            ],
+        };
+        let order = |ends: &dyn Fn(usize, usize) -> bool| -> Vec<Vec<usize>> {
+            passes(&plan, true, |_| false, |_| 100, ends)
+                .passes
+                .iter()
+                .map(|(p, _)| p.iter().map(|e| e.slot).collect())
+                .collect()
+        };
+        // Chunks of prompts that go on: the streams' tokens first.
+        assert_eq!(order(&|_, _| false), vec![vec![0, 1], vec![2, 3]]);
+        // Slot 3's 90 tokens end its prompt: its first token comes out first.
+        assert_eq!(
+            order(&|slot, n| slot == 3 && n == 90),
+            vec![vec![2, 3], vec![0, 1]]
+        );
+        // Unified, or nothing decoding: one pass, as before.
+        let one = passes(&plan, false, |_| false, |_| 100, |_, _| true);
+        assert_eq!(one.passes.len(), 1);
     }
 
     #[test]
@@ -241,7 +286,7 @@ mod tests {
         // Slot 3 is an embedding request; slot 1 a restored prompt as deep as
         // slot 0's stream.
         let depth = |slot: usize| [300, 200, 0, 0][slot];
-        let p = passes(&plan, true, |slot| slot == 3, depth);
+        let p = passes(&plan, true, |slot| slot == 3, depth, |_, _| false);
         let slots = |i: usize| p.passes[i].0.iter().map(|e| e.slot).collect::<Vec<_>>();
         assert_eq!(p.passes.len(), 3);
         assert_eq!((slots(0), p.passes[0].1), (vec![0, 1], false));
@@ -249,7 +294,7 @@ mod tests {
         assert_eq!((slots(2), p.passes[2].1), (vec![3], true));
         assert_eq!(p.riders, vec![1]);
         // Unified: one pass for all but the embedding, no riders.
-        let p = passes(&plan, false, |slot| slot == 3, depth);
+        let p = passes(&plan, false, |slot| slot == 3, depth, |_, _| false);
         assert_eq!(p.passes.len(), 2);
         assert_eq!(p.passes[0].0.len(), 3);
         assert!(p.riders.is_empty());
@@ -257,7 +302,7 @@ mod tests {
         let only = Plan {
             entries: plan.entries[..2].to_vec(),
         };
-        let p = passes(&only, true, |_| false, depth);
+        let p = passes(&only, true, |_| false, depth, |_, _| false);
         assert_eq!(p.passes.len(), 1);
         assert_eq!(p.riders, vec![1]);
     }
