@@ -18,6 +18,36 @@ fn bench_binary() -> PathBuf {
     p
 }
 
+/// Runs `sluice-bench <scenario> --url <srv> --quiet <args>`, which must
+/// succeed: its report, and the SVG it wrote beside it (if any); both files
+/// are removed.
+fn run_bench(srv: &Server, scenario: &str, args: &[&str]) -> (Value, Option<String>) {
+    let out = std::env::temp_dir().join(format!(
+        "sluice-bench-{scenario}-{}.json",
+        std::process::id()
+    ));
+    let status = Command::new(bench_binary())
+        .args([
+            scenario,
+            "--url",
+            &format!("http://{}", srv.addr),
+            "--quiet",
+        ])
+        .args(args)
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .expect("run sluice-bench");
+    assert!(status.success(), "sluice-bench {scenario} failed");
+    let report = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    let svg_path = out.with_extension("svg");
+    let svg = std::fs::read_to_string(&svg_path).ok();
+    let _ = std::fs::remove_file(&svg_path);
+    (report, svg)
+}
+
 fn sum_over_phases(report: &Value, f: impl Fn(&Value) -> u64) -> u64 {
     report["result"]["phases"]
         .as_array()
@@ -32,11 +62,11 @@ fn a_short_overload_run_counts_what_sluice_counted() {
     // A small server so that twice the claimed capacity overflows its queue.
     let srv = Server::start(&["--parallel", "2", "--queue-depth", "2"]);
     let before = srv.metrics();
-    let out =
-        std::env::temp_dir().join(format!("sluice-bench-overload-{}.json", std::process::id()));
-    let status = Command::new(bench_binary())
-        .args(["overload", "--url", &format!("http://{}", srv.addr)])
-        .args([
+    let pid = srv.pid().to_string();
+    let (report, svg) = run_bench(
+        &srv,
+        "overload",
+        &[
             "--capacity",
             "4",
             "--duration-s",
@@ -45,28 +75,16 @@ fn a_short_overload_run_counts_what_sluice_counted() {
             "fixed:20",
             "--max-tokens",
             "fixed:24",
-        ])
-        .args([
             "--timeout-s",
             "300",
             "--clients",
             "64",
-            "--quiet",
             "--pid",
-            &srv.pid().to_string(),
-        ])
-        .arg("--out")
-        .arg(&out)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("run sluice-bench");
-    assert!(status.success());
+            &pid,
+        ],
+    );
     let after = srv.metrics();
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    std::fs::remove_file(&out).unwrap();
-    let svg_path = out.with_extension("svg");
-    let svg = std::fs::read_to_string(&svg_path).expect("the overload run's timeline plot");
-    std::fs::remove_file(&svg_path).unwrap();
+    let svg = svg.expect("the overload run's timeline plot");
 
     let delta = |name: &str| metric_value(&after, name) - metric_value(&before, name);
     let statuses =
@@ -144,20 +162,20 @@ fn a_short_overload_run_counts_what_sluice_counted() {
 #[test]
 fn a_short_head_of_line_run_places_its_largest_gap_and_reads_steal_time() {
     let srv = Server::start(&[]);
-    let out = std::env::temp_dir().join(format!("sluice-bench-hol-{}.json", std::process::id()));
-    let status = Command::new(bench_binary())
-        .args(["hol", "--url", &format!("http://{}", srv.addr)])
-        .args(["--long-prompt-tokens", "400", "--hol-stream-tokens", "600"])
-        .args(["--temperature", "0", "--timeout-s", "600", "--quiet"])
-        .arg("--out")
-        .arg(&out)
-        .stdout(std::process::Stdio::null())
-        .status()
-        .expect("run sluice-bench");
-    assert!(status.success());
-    let report: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    std::fs::remove_file(&out).unwrap();
-    let _ = std::fs::remove_file(out.with_extension("svg"));
+    let (report, _) = run_bench(
+        &srv,
+        "hol",
+        &[
+            "--long-prompt-tokens",
+            "400",
+            "--hol-stream-tokens",
+            "600",
+            "--temperature",
+            "0",
+            "--timeout-s",
+            "600",
+        ],
+    );
     let r = &report["result"];
     assert_eq!(r["long_status"], 200, "{r}");
     assert_eq!(r["streams_outlasted_prefill"], true, "{r}");

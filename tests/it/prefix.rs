@@ -447,15 +447,29 @@ fn wait_parked_saved(srv: &Server, entries: f64) {
 /// Opens a 300-token stream of a 4-token prompt, waits for its first token,
 /// and reads it to its end on a thread of its own (so it never pauses).
 fn stream_beside(srv: &Server) -> std::thread::JoinHandle<()> {
+    stream_beside_until(srv, 300, Arc::new(AtomicBool::new(false)))
+}
+
+/// `stream_beside` with `max_tokens`, read until its end or `stop` (then the
+/// connection is dropped, which cancels the rest).
+fn stream_beside_until(
+    srv: &Server,
+    max_tokens: usize,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<()> {
     let mut stream = Sse::open(
         srv.addr,
         "/v1/completions",
-        &json!({"prompt": "Once upon a time", "max_tokens": 300, "ignore_eos": true,
+        &json!({"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": true,
                 "temperature": 0, "stream": true}),
     );
     assert_eq!(stream.status, 200);
     assert!(stream.next_json().is_some(), "the stream's first token");
-    std::thread::spawn(move || while stream.next_json().is_some() {})
+    std::thread::spawn(
+        move || {
+            while !stop.load(Ordering::Relaxed) && stream.next_json().is_some() {}
+        },
+    )
 }
 
 /// Tokens of `text` as the server counts a completion's prompt.
@@ -516,22 +530,8 @@ fn saving_the_parked_sequence_never_evicts_the_entry_being_restored() {
     // takes a few prefill steps and four decode steps), read on a thread of
     // its own: the engine is never idle, so a sequence that ends stays
     // parked until the next request takes its slot (the only one free).
-    let mut stream = Sse::open(
-        srv.addr,
-        "/v1/completions",
-        &json!({"prompt": "Once upon a time", "max_tokens": 3000, "ignore_eos": true,
-                "temperature": 0, "stream": true}),
-    );
-    assert_eq!(stream.status, 200);
-    assert!(stream.next_json().is_some(), "the stream's first token");
     let stop = Arc::new(AtomicBool::new(false));
-    let reader =
-        {
-            let stop = Arc::clone(&stop);
-            std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) && stream.next_json().is_some() {}
-            })
-        };
+    let reader = stream_beside_until(&srv, 3000, Arc::clone(&stop));
 
     // F is parked; X takes its slot and saves it (E + F fit); X is parked.
     complete(&srv, body(&f));
