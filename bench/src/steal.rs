@@ -66,7 +66,6 @@ impl Samples {
                     .enumerate()
                     .filter(|(_, (p, q))| q > p)
                     .map(move |(cpu, (p, q))| (t, cpu, (q - p) as f64 * TICK_MS))
-                    .collect::<Vec<_>>()
             })
             .collect()
     }
