@@ -77,6 +77,11 @@ pub enum Event {
         token: Token,
         text: String,
         logprob: Option<TokenLogprob>,
+        /// A token decoded ahead of its stream's pace (the engine is about to
+        /// prefill a long prompt in one large chunk): a streaming reply sends
+        /// it no sooner than this, so the stream keeps its pace through the
+        /// chunk instead of pausing for it. `None`: at once.
+        not_before: Option<Instant>,
     },
     /// The vector of input `index` of an embedding request.
     Embedding {

@@ -99,6 +99,7 @@ fn engine_config(cfg: &Config, n_ctx: usize) -> EngineConfig {
         step_tokens: cfg.step_tokens,
         itl_target: cfg.itl_target,
         itl_max: cfg.itl_max,
+        decode_ahead: cfg.decode_ahead,
         overdue_stretch: cfg.overdue_stretch,
         queue_wait: Class::ALL.map(|c| cfg.queue_wait(c)),
         stall_timeout: cfg.stall_timeout,

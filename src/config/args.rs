@@ -120,6 +120,13 @@ pub struct ServeArgs {
     /// target and lets prefill alone take 512-token steps (default: 3000)
     #[argh(option, default = "3000")]
     pub itl_max_ms: u64,
+    /// longest chunk, in ms, of a long prompt prefilled beside running
+    /// streams in chunks larger than --itl-target-ms allows: the streams
+    /// first decode tokens ahead for as long, which go out at the target's
+    /// pace while the chunk runs; 0 chunks every prompt beside streams under
+    /// the target (default: 1000)
+    #[argh(option, default = "1000")]
+    pub decode_ahead_ms: u64,
     /// a prompt that has held its slot this many times its prefill's
     /// forecast (and at least its class's W_max) without its first token goes
     /// first on every other step, so shorter prompts overtake it no longer

@@ -81,6 +81,7 @@ pub(super) fn check_engine_ranges(a: &ServeArgs) -> Result<(), String> {
     }
     check_range("--itl-target-ms", a.itl_target_ms, 1, ITL_TARGET_MS_MAX)?;
     check_range("--itl-max-ms", a.itl_max_ms, 0, ITL_TARGET_MS_MAX)?;
+    check_range("--decode-ahead-ms", a.decode_ahead_ms, 0, ITL_TARGET_MS_MAX)?;
     check_range(
         "--overdue-stretch",
         a.overdue_stretch,

@@ -210,6 +210,9 @@ pub struct Config {
     /// streams, and the longest step of prefill alone (zero: prompts are
     /// always chunked under the target, and prefill alone takes `n_batch`).
     pub itl_max: Duration,
+    /// `--decode-ahead-ms`: the longest chunk of a long prompt beside
+    /// streams fed by tokens decoded ahead (zero: none; `engine::ahead`).
+    pub decode_ahead: Duration,
     /// `--overdue-stretch`: a prompt is overdue (goes first every other step)
     /// once it has held its slot this many times its prefill's forecast, and
     /// at least W_max.
@@ -326,6 +329,7 @@ impl Config {
             step_tokens: a.step_tokens,
             itl_target: Duration::from_millis(a.itl_target_ms),
             itl_max: Duration::from_millis(a.itl_max_ms),
+            decode_ahead: Duration::from_millis(a.decode_ahead_ms),
             overdue_stretch: a.overdue_stretch,
             queue_wait: Duration::from_millis(queue_wait_ms),
             batch_queue_wait: Duration::from_millis(a.batch_queue_wait_ms),

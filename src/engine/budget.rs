@@ -129,6 +129,77 @@ impl Engine {
         }
     }
 
+    /// The pace of tokens decoded ahead: the ITL target.
+    pub(super) fn pace(&self) -> Duration {
+        self.cfg.itl_target
+    }
+
+    /// The next step while a long prompt beside streams goes in large
+    /// chunks (`ahead`): that prompt's chunk alone, once every decoding
+    /// stream has tokens to send for its forecast, or until then the decode
+    /// tokens alone (their tokens go out at `pace`). `None`: an ordinary
+    /// step (`--decode-ahead-ms` 0, `--step-tokens`, no stream decoding or
+    /// one slower than half the pace, the prompt first in order taken whole
+    /// by the ordinary step (`whole`) or gaining nothing from a large chunk).
+    pub(super) fn ahead_step(&mut self, views: &[SeqView], whole: bool) -> Option<planner::Plan> {
+        self.ahead = false;
+        self.ahead_forecast = None;
+        if whole || self.cfg.decode_ahead.is_zero() || self.cfg.step_tokens.is_some() {
+            return None;
+        }
+        let decoding: Vec<usize> = views
+            .iter()
+            .filter(|v| v.phase == Phase::Decode)
+            .map(|v| v.slot)
+            .collect();
+        let decode_s = self.cost.decode_s(decoding.len());
+        let pace = self.pace().as_secs_f64();
+        if decoding.is_empty() || decode_s > ahead::DECODE_SHARE_MAX * pace {
+            return None;
+        }
+        let (remaining, slot) = planner::first_prompt(views)?;
+        let seq = self.slots[slot].as_ref()?;
+        if seq.job.embed().is_some() {
+            return None;
+        }
+        let s_per_token = self.cost.chunk_s_per_token(&seq.chunk(0));
+        let target_chunk = self.prefill_per_step(decoding.len(), s_per_token);
+        let n = ahead::chunk_tokens(
+            remaining,
+            s_per_token,
+            self.cfg.decode_ahead.as_secs_f64(),
+            self.cfg.n_batch,
+            target_chunk,
+        )?;
+        self.ahead = true;
+        let chunk_s = self.cost.predict(0, &[seq.chunk(n)]);
+        let now = Instant::now();
+        let min_cover = decoding
+            .iter()
+            .filter_map(|&s| self.slots[s].as_ref())
+            .map(|s| ahead::cover_s(now, s.released_until))
+            .fold(f64::INFINITY, f64::min);
+        let entries = if ahead::covered(min_cover, chunk_s, self.ahead_stretch, decode_s, pace) {
+            self.metrics
+                .steps_ahead_chunk
+                .fetch_add(1, Ordering::Relaxed);
+            self.ahead_forecast = Some(chunk_s);
+            vec![planner::Entry {
+                slot,
+                work: Work::Prefill { n_tokens: n },
+            }]
+        } else {
+            decoding
+                .iter()
+                .map(|&slot| planner::Entry {
+                    slot,
+                    work: Work::Decode,
+                })
+                .collect()
+        };
+        Some(planner::Plan { entries })
+    }
+
     /// Sequences that will take a decode token in the coming steps.
     pub(super) fn n_decoding(&self) -> usize {
         self.slots

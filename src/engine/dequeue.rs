@@ -435,6 +435,7 @@ impl Engine {
             next_token: None,
             last_token_at: None,
             first_token_at: None,
+            released_until: None,
             prefill_s_per_token: None,
             completion_tokens: 0,
             prompt_logprobs: Vec::new(),

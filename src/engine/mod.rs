@@ -12,6 +12,7 @@
 //! prefill tokens as keep it within the inter-token target. The same estimates
 //! are published to admission, whose bounds follow them.
 
+mod ahead;
 mod budget;
 pub mod calibration;
 pub mod codel;
@@ -78,6 +79,9 @@ pub struct EngineConfig {
     /// prompt whole, while each keeps its k-th token within k `itl_target`s
     /// and one such pause of its first (zero: never).
     pub itl_max: Duration,
+    /// The longest chunk of a long prompt beside streams that tokens
+    /// decoded ahead carry them through (`ahead`); zero: none.
+    pub decode_ahead: Duration,
     /// A prompt that has held its slot this many times its prefill's
     /// forecast (and at least its class's W_max) without finishing its
     /// prefill goes first on every other step (`planner`, rule 2): no prompt
@@ -158,6 +162,9 @@ struct Seq {
     last_token_at: Option<Instant>,
     /// When the first was: the stream's pace counts from here.
     first_token_at: Option<Instant>,
+    /// When its last token goes out: later than it was sampled when it was
+    /// decoded ahead (`ahead`).
+    released_until: Option<Instant>,
     /// Measured seconds per token of this prompt's latest prefill chunks.
     prefill_s_per_token: Option<f64>,
     completion_tokens: usize,
@@ -277,6 +284,9 @@ pub fn run(
         save_s_per_run: cfg.save_s_per_run,
         admitted: 0,
         overdue_turn: true,
+        ahead: false,
+        ahead_forecast: None,
+        ahead_stretch: 1.0,
         codel: cfg
             .shed
             .map(|s| s.map(|(target, interval)| Codel::new(target, interval))),
@@ -301,17 +311,22 @@ pub fn run(
         let mut views = engine.views();
         engine.take_overdue_turn(&mut views);
         let (budget, whole) = engine.step_budget(&views);
-        engine
-            .metrics
-            .step_budget_tokens
-            .store(budget, Ordering::Relaxed);
-        if whole {
-            engine
-                .metrics
-                .steps_whole_prompt
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        let plan = planner::plan_step(&views, budget);
+        let plan = match engine.ahead_step(&views, whole) {
+            Some(plan) => plan,
+            None => {
+                engine
+                    .metrics
+                    .step_budget_tokens
+                    .store(budget, Ordering::Relaxed);
+                if whole {
+                    engine
+                        .metrics
+                        .steps_whole_prompt
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                planner::plan_step(&views, budget)
+            }
+        };
         if plan.is_empty() {
             let active =
                 engine.slots.iter().any(Option::is_some) || engine.held.iter().any(Option::is_some);
@@ -368,6 +383,13 @@ struct Engine {
     /// calibration).
     save_s_per_run: Option<f64>,
     admitted: u64,
+    /// The streams decode ahead of a long prompt's large chunk: their tokens
+    /// go out at the target's pace (`ahead`).
+    ahead: bool,
+    /// The forecast of the large chunk this step takes, if it takes one.
+    ahead_forecast: Option<f64>,
+    /// How far large chunks ran over their forecasts (`ahead::stretch_after`).
+    ahead_stretch: f64,
     /// This step keeps the overdue prompts' marks (`take_overdue_turn`);
     /// flips on every step that has one, so they go first every other step.
     overdue_turn: bool,
@@ -504,6 +526,10 @@ impl Engine {
         let chunks: Vec<Chunk> = prefills.iter().map(|&(_, c)| c).collect();
         self.metrics
             .record_step_forecast(self.cost.predict(n_decode, &chunks), took.as_secs_f64());
+        if let Some(forecast) = self.ahead_forecast.take() {
+            self.ahead_stretch =
+                ahead::stretch_after(self.ahead_stretch, took.as_secs_f64() / forecast);
+        }
         let measured = self.cost.observe(n_decode, &chunks, took.as_secs_f64());
         for (&(slot, _), m) in prefills.iter().zip(measured) {
             if let Some(seq) = self.slots[slot].as_mut() {

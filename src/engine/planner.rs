@@ -161,6 +161,12 @@ pub fn plan_step(seqs: &[SeqView], step_tokens_max: usize) -> Plan {
     plan
 }
 
+/// The prompt the next step's prefill goes to first, as (remaining tokens,
+/// slot).
+pub fn first_prompt(seqs: &[SeqView]) -> Option<(usize, usize)> {
+    prefill_order(seqs).first().copied()
+}
+
 /// The prompts being prefilled, in the order the budget goes to them: the
 /// higher class first; in a class, those marked overdue first (oldest
 /// first), then the shortest remaining, then the oldest; as (remaining

@@ -19,6 +19,7 @@ impl Engine {
             return;
         }
         let model = Arc::clone(&self.model);
+        let (ahead, pace) = (self.ahead, self.pace());
         let seq = self.slots[slot].as_mut().expect("decoded slot is active");
         let prompt_len = seq.job.prompt.len();
         let was_prefill = seq.n_past < prompt_len;
@@ -66,10 +67,14 @@ impl Engine {
         } else {
             seq.text.feed(&model.token_piece(token, false))
         };
+        let now = Instant::now();
+        let release = ahead::release_at(now, seq.released_until, ahead, pace);
+        seq.released_until = Some(release);
         seq.outbox.push_back(Event::Token {
             token,
             text: fed.text,
             logprob,
+            not_before: (release > now).then_some(release),
         });
         seq.next_token = Some(token);
         if eog || fed.stopped {
@@ -135,6 +140,7 @@ impl Engine {
                     token: -1,
                     text: rest,
                     logprob: None,
+                    not_before: seq.released_until.filter(|&t| t > Instant::now()),
                 }),
             }
         }

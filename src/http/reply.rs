@@ -18,6 +18,7 @@ use crate::stream::{
 };
 use crossbeam_channel::{Receiver, TryRecvError};
 use serde_json::Value;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,6 +47,12 @@ pub(super) struct Waiter {
     pub(super) queue: Arc<QueueGauge>,
     /// `--sse-keep-alive-ms`.
     pub(super) keep_alive: Duration,
+    /// Streaming: a token decoded ahead of its pace is held until its
+    /// `not_before` (a JSON reply waits for the whole answer anyway).
+    pub(super) paced: bool,
+    /// Per choice, the events taken from its channel behind a token held
+    /// until its time, in order.
+    held: std::cell::RefCell<Vec<VecDeque<Event>>>,
 }
 
 impl Waiter {
@@ -60,6 +67,7 @@ impl Waiter {
         cancel: Vec<CancelFlag>,
         probe: Option<std::os::fd::OwnedFd>,
     ) -> Waiter {
+        let n = rx.len();
         Waiter {
             rx,
             t0,
@@ -73,6 +81,8 @@ impl Waiter {
             metrics: Arc::clone(&state.metrics),
             class,
             queue: Arc::clone(&state.queue),
+            paced: false,
+            held: std::cell::RefCell::new(vec![VecDeque::new(); n]),
         }
     }
 
@@ -110,7 +120,8 @@ impl Waiter {
     /// passes (then `Ok(None)`). Every way of not getting one (timeout, the
     /// client gone, a stall, a stopped engine, an engine refusal) is an
     /// `ApiError`; giving up sets the cancel flags first, so the engine stops
-    /// at its next step.
+    /// at its next step. A streamed token decoded ahead comes at its
+    /// `not_before`, and what its choice sends after it, after it.
     pub(super) fn next_before(
         &self,
         tick: Option<Instant>,
@@ -131,26 +142,59 @@ impl Waiter {
                 self.cancel_all(CancelReason::Disconnect);
                 return Err(ApiError::ClientGone);
             }
-            let open: Vec<usize> = (0..self.rx.len()).filter(|&i| !ended[i]).collect();
-            for &i in &open {
-                match self.rx[i].try_recv() {
-                    Ok(Event::Error { kind, message }) => {
-                        return Err(self.engine_error(kind, message))
-                    }
-                    Ok(event) => return Ok(Some((i, event))),
-                    Err(TryRecvError::Empty) => {}
-                    Err(TryRecvError::Disconnected) => return Err(self.stopped()),
-                }
-            }
             let mut wait = PEER_PROBE_INTERVAL.min(self.deadline - now);
             if let Some(t) = tick {
                 wait = wait.min(t - now);
             }
+            for i in (0..self.rx.len()).filter(|&i| !ended[i]) {
+                match self.next_of(i, now)? {
+                    Next::Event(event) => return Ok(Some((i, event))),
+                    Next::At(at) => wait = wait.min(at - now),
+                    Next::Nothing => {}
+                }
+            }
             // Until the engine sends one of them an event (it unparks this
-            // thread, `EventSender`; read at the top of the loop). An unpark
-            // that came before this park makes it return at once, so none is
-            // missed; a stray one only costs another look at the channels.
+            // thread, `EventSender`; read at the top of the loop), or a held
+            // token's time. An unpark that came before this park makes it
+            // return at once, so none is missed; a stray one only costs
+            // another look at the channels.
             std::thread::park_timeout(wait);
+        }
+    }
+
+    /// Choice `i`'s next event if it is due at `now`, or when its held
+    /// token is. While a token is held, what its channel brings is taken
+    /// behind it, so that the engine's channel stays free for the tokens it
+    /// decodes ahead; otherwise one event at a time (a slow reader fills
+    /// the channel and pauses its sequence).
+    fn next_of(&self, i: usize, now: Instant) -> Result<Next, ApiError> {
+        let mut held = self.held.borrow_mut();
+        let held = &mut held[i];
+        loop {
+            if let Some(front) = held.front() {
+                match not_before(front).filter(|&at| at > now) {
+                    None => return Ok(Next::Event(held.pop_front().expect("a front"))),
+                    Some(at) => match self.rx[i].try_recv() {
+                        Ok(Event::Error { kind, message }) => {
+                            return Err(self.engine_error(kind, message))
+                        }
+                        Ok(event) => held.push_back(event),
+                        // A closed channel is read once the held events are.
+                        Err(_) => return Ok(Next::At(at)),
+                    },
+                }
+                continue;
+            }
+            return match self.rx[i].try_recv() {
+                Ok(Event::Error { kind, message }) => Err(self.engine_error(kind, message)),
+                Ok(event) if self.paced && not_before(&event).is_some_and(|at| at > now) => {
+                    held.push_back(event);
+                    continue;
+                }
+                Ok(event) => Ok(Next::Event(event)),
+                Err(TryRecvError::Empty) => Ok(Next::Nothing),
+                Err(TryRecvError::Disconnected) => Err(self.stopped()),
+            };
         }
     }
 
@@ -201,6 +245,22 @@ impl Waiter {
             ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
             ErrorKind::Shutdown => ApiError::ShuttingDown,
         }
+    }
+}
+
+/// What one choice has for its reply now (`Waiter::next_of`).
+enum Next {
+    Event(Event),
+    /// A token held until then.
+    At(Instant),
+    Nothing,
+}
+
+/// When a token decoded ahead may go out.
+fn not_before(event: &Event) -> Option<Instant> {
+    match event {
+        Event::Token { not_before, .. } => *not_before,
+        _ => None,
     }
 }
 

@@ -73,7 +73,8 @@ pub(super) fn generate(state: &AppState, req: Request, api: Api) {
         api,
         include_usage: valid.include_usage,
     };
-    let waiter = intake.waiter(&ask, rxs, cancels);
+    let mut waiter = intake.waiter(&ask, rxs, cancels);
+    waiter.paced = valid.stream;
     let mut outcome = reply::reply(req, &meta, &valid, echo_text, &waiter);
     // The prompt was charged and taken; the tokens not generated go back,
     // and so does the difference between the cached tokens expected and

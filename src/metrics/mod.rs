@@ -198,6 +198,9 @@ pub struct Metrics {
     /// Steps whose budget was raised to take a short prompt whole beside
     /// streams ahead of their pace (`--itl-max-ms`).
     pub steps_whole_prompt: AtomicU64,
+    /// Steps that held one large chunk of a long prompt alone, the streams
+    /// carried through it by tokens decoded ahead (`--decode-ahead-ms`).
+    pub steps_ahead_chunk: AtomicU64,
     /// Steps whose prefill went first to a prompt overdue in its slot rather
     /// than to a shorter one (`engine::planner`, rule 2).
     pub steps_overdue_first: AtomicU64,
@@ -273,6 +276,7 @@ impl Default for Metrics {
             step_tokens: AtomicU64::new(0),
             steps_mixed: AtomicU64::new(0),
             steps_whole_prompt: AtomicU64::new(0),
+            steps_ahead_chunk: AtomicU64::new(0),
             steps_overdue_first: AtomicU64::new(0),
             attention_tokens: Default::default(),
             attention_depth: Default::default(),

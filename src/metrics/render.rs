@@ -305,6 +305,12 @@ impl Metrics {
         );
         counter(
             out,
+            "sluice_steps_ahead_chunk_total",
+            "Steps that took one large chunk of a long prompt alone, the streams sending tokens decoded ahead meanwhile (--decode-ahead-ms).",
+            l(&self.steps_ahead_chunk),
+        );
+        counter(
+            out,
             "sluice_steps_overdue_first_total",
             "Steps whose prefill went first to a prompt that had held its slot past its class's W_max, not to a shorter one (every other step while one is overdue).",
             l(&self.steps_overdue_first),

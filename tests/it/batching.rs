@@ -528,7 +528,9 @@ fn with_nothing_decoding_a_step_of_prefill_fits_itl_max() {
 
 /// Mixed steps and steps that took a prompt whole while a ~400-token prompt
 /// is prefilled beside a stream that has sampled `ahead` tokens under a 50 ms
-/// target; and the prompt's tokens.
+/// target; and the prompt's tokens. Without decoding ahead
+/// (`--decode-ahead-ms 0`), which would take the prompt in large chunks
+/// where no pause is allowed (`beside_a_stream_a_long_prompt_goes_in_large_...`).
 fn prompt_beside_a_stream(itl_max_ms: &str, ahead: usize) -> (f64, f64, u64) {
     let srv = Server::start(&[
         "--itl-target-ms",
@@ -537,6 +539,8 @@ fn prompt_beside_a_stream(itl_max_ms: &str, ahead: usize) -> (f64, f64, u64) {
         itl_max_ms,
         "--parallel",
         "2",
+        "--decode-ahead-ms",
+        "0",
     ]);
     let body = json!({"prompt": "Once upon a time", "stream": true, "max_tokens": 4000,
                       "ignore_eos": true, "temperature": 0});
@@ -725,4 +729,70 @@ fn a_request_takes_the_free_slot_that_keeps_the_streams_in_one_pass() {
     );
     end(c, 1.0);
     end(d, 0.0);
+}
+
+/// With `--decode-ahead-ms`, a long prompt beside a stream goes in large
+/// chunks, each alone in its step, once the stream has tokens decoded ahead
+/// to send for as long as the chunk's forecast (`engine::ahead`); the reply
+/// holds each such token until its time. The stream gets every token, in
+/// order: the same text as alone (its decode tokens go in passes of their
+/// own either way, which give the same logits), and at least one step was
+/// such a chunk. (`--itl-max-ms 0`: the prompt is never taken whole, which
+/// a fast CPU would do with a prompt this size. Whether a step may be a
+/// large chunk depends on the box's speed only through the decode step
+/// against half the 150 ms pace.)
+#[test]
+fn beside_a_stream_a_long_prompt_goes_in_large_chunks_and_the_stream_loses_no_token() {
+    let srv = Server::start(&["--decode-ahead-ms", "5000", "--itl-max-ms", "0"]);
+    let n = 160;
+    let body = json!({"prompt": "Once upon a time", "max_tokens": n, "ignore_eos": true,
+                      "temperature": 0, "stream": true});
+    let read = |sse: &mut Sse| {
+        let (text, chunks) = collect_stream(sse);
+        let tokens = chunks.iter().filter(|c| !delta_text(c).is_empty()).count();
+        let finish = chunks.iter().find_map(|c| {
+            c["choices"][0]["finish_reason"]
+                .as_str()
+                .map(str::to_string)
+        });
+        (text, tokens, finish)
+    };
+    let mut alone = Sse::open(srv.addr, "/v1/completions", &body);
+    assert_eq!(alone.status, 200);
+    let (alone_text, alone_tokens, alone_finish) = read(&mut alone);
+    assert_eq!(alone_finish.as_deref(), Some("length"));
+    assert!(
+        alone_tokens > n / 2,
+        "{alone_tokens} tokens with text of {n}"
+    );
+
+    let ahead_before = srv.metric("sluice_steps_ahead_chunk_total");
+    let mut beside = Sse::open(srv.addr, "/v1/completions", &body);
+    assert_eq!(beside.status, 200);
+    let first = beside.next_json().expect("the stream's first chunk");
+    let addr = srv.addr;
+    let long = std::thread::spawn(move || {
+        let body = json!({"prompt": long_prompt(120), "max_tokens": 1, "temperature": 0});
+        post_json(addr, "/v1/completions", &body)
+    });
+    let (rest, tokens, finish) = read(&mut beside);
+    let answer = long.join().expect("the long request");
+    assert_eq!(
+        answer.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(
+        format!("{}{rest}", delta_text(&first)),
+        alone_text,
+        "the stream's text beside the long prompt"
+    );
+    assert_eq!(
+        tokens + usize::from(!delta_text(&first).is_empty()),
+        alone_tokens
+    );
+    assert_eq!(finish.as_deref(), Some("length"));
+    let ahead = srv.metric("sluice_steps_ahead_chunk_total") - ahead_before;
+    assert!(ahead >= 1.0, "no step took a large chunk alone");
 }
