@@ -137,7 +137,7 @@ impl Engine {
     /// The next step while a long prompt beside streams goes in large
     /// chunks (`ahead`): that prompt's chunk alone, once every decoding
     /// stream has tokens to send for its forecast, or until then the decode
-    /// tokens alone (their tokens go out at `pace`). `None`: an ordinary
+    /// tokens of those that have not (their tokens go out at `pace`). `None`: an ordinary
     /// step (`--decode-ahead-ms` 0, `--step-tokens`, no stream decoding or
     /// one slower than half the pace, the prompt first in order taken whole
     /// by the ordinary step (`whole`) or gaining nothing from a large chunk).
@@ -174,12 +174,17 @@ impl Engine {
         self.ahead = true;
         let chunk_s = self.cost.predict(0, &[seq.chunk(n)]);
         let now = Instant::now();
-        let min_cover = decoding
+        let needed = ahead::cover_needed_s(chunk_s, self.ahead_stretch, decode_s, pace);
+        let short: Vec<usize> = decoding
             .iter()
-            .filter_map(|&s| self.slots[s].as_ref())
-            .map(|s| ahead::cover_s(now, s.released_until))
-            .fold(f64::INFINITY, f64::min);
-        let entries = if ahead::covered(min_cover, chunk_s, self.ahead_stretch, decode_s, pace) {
+            .copied()
+            .filter(|&s| {
+                self.slots[s]
+                    .as_ref()
+                    .is_some_and(|s| ahead::cover_s(now, s.released_until) < needed)
+            })
+            .collect();
+        let entries = if short.is_empty() {
             self.metrics
                 .steps_ahead_chunk
                 .fetch_add(1, Ordering::Relaxed);
@@ -189,15 +194,32 @@ impl Engine {
                 work: Work::Prefill { n_tokens: n },
             }]
         } else {
-            decoding
-                .iter()
-                .map(|&slot| planner::Entry {
+            short
+                .into_iter()
+                .map(|slot| planner::Entry {
                     slot,
                     work: Work::Decode,
                 })
                 .collect()
         };
         Some(planner::Plan { entries })
+    }
+
+    /// Drops from an ordinary step the decode tokens of the streams that
+    /// still have a pace's worth of tokens decoded ahead to send: decoded
+    /// now, their tokens would only wait, one pace apart, and the next
+    /// steps would add more than they send. So after a long prompt's large
+    /// chunks, a stream keeps the pace until what it had decoded ahead is
+    /// sent, and then takes a token every step again.
+    pub(super) fn skip_covered(&self, plan: &mut planner::Plan) {
+        let now = Instant::now();
+        let pace = self.pace().as_secs_f64();
+        plan.entries.retain(|e| {
+            e.work != Work::Decode
+                || self.slots[e.slot]
+                    .as_ref()
+                    .is_none_or(|s| ahead::cover_s(now, s.released_until) < pace)
+        });
     }
 
     /// Sequences that will take a decode token in the coming steps.

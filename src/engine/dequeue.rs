@@ -433,7 +433,6 @@ impl Engine {
             runs_exact: shared_runs == 0,
             reused: reuse,
             next_token: None,
-            last_token_at: None,
             first_token_at: None,
             released_until: None,
             prefill_s_per_token: None,

@@ -158,12 +158,10 @@ struct Seq {
     reused: usize,
     /// The last sampled token, to be decoded next step.
     next_token: Option<Token>,
-    /// When the last token was sampled.
-    last_token_at: Option<Instant>,
-    /// When the first was: the stream's pace counts from here.
+    /// When its first token went out: the stream's pace counts from here.
     first_token_at: Option<Instant>,
-    /// When its last token goes out: later than it was sampled when it was
-    /// decoded ahead (`ahead`).
+    /// When its last token goes out: when it was sampled, or later when it
+    /// was decoded ahead (`ahead`).
     released_until: Option<Instant>,
     /// Measured seconds per token of this prompt's latest prefill chunks.
     prefill_s_per_token: Option<f64>,
@@ -286,7 +284,7 @@ pub fn run(
         overdue_turn: true,
         ahead: false,
         ahead_forecast: None,
-        ahead_stretch: 1.0,
+        ahead_stretch: ahead::STRETCH_INITIAL,
         codel: cfg
             .shed
             .map(|s| s.map(|(target, interval)| Codel::new(target, interval))),
@@ -324,7 +322,9 @@ pub fn run(
                         .steps_whole_prompt
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                planner::plan_step(&views, budget)
+                let mut plan = planner::plan_step(&views, budget);
+                engine.skip_covered(&mut plan);
+                plan
             }
         };
         if plan.is_empty() {

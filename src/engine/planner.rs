@@ -5,7 +5,9 @@
 //!
 //! 1. Every running sequence that is not paused gets exactly one decode token,
 //!    and these come **first**. A stream's inter-token latency is therefore one
-//!    step, whatever else is waiting.
+//!    step, whatever else is waiting. (The one step planned elsewhere: a
+//!    long prompt's large chunk alone, while every stream sends tokens
+//!    decoded ahead of it, `engine::ahead`.)
 //! 2. The rest of the per-step token budget goes to prefill chunks: the higher
 //!    priority class first (`priority::Class`), then the shortest remaining
 //!    prompt first (ties by age). A short prompt that arrives while an

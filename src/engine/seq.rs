@@ -59,7 +59,9 @@ impl Engine {
         // The last token of this chunk has logits: sample the next token.
         let at = first + n - 1;
         let (token, logprob) = sample_next(seq, ctx.last(), &self.batch, &model, at);
-        count_token(&self.metrics, seq);
+        let now = Instant::now();
+        let release = ahead::release_at(now, seq.released_until, ahead, pace);
+        count_token(&self.metrics, seq, release);
 
         let eog = model.is_eog(token) && !seq.job.ignore_eos();
         let fed = if eog {
@@ -67,9 +69,6 @@ impl Engine {
         } else {
             seq.text.feed(&model.token_piece(token, false))
         };
-        let now = Instant::now();
-        let release = ahead::release_at(now, seq.released_until, ahead, pace);
-        seq.released_until = Some(release);
         seq.outbox.push_back(Event::Token {
             token,
             text: fed.text,
@@ -367,18 +366,20 @@ fn sample_next(
     (token, logprob)
 }
 
-/// A sampled token counted: the sequence's, its first-token or gap time,
-/// the totals (and those sampled after a cancel).
-fn count_token(metrics: &Metrics, seq: &mut Seq) {
+/// A sampled token counted, `release` being when it goes out (later than
+/// now when decoded ahead): the sequence's, its first-token or gap time as
+/// its client sees them, the totals (and those sampled after a cancel).
+fn count_token(metrics: &Metrics, seq: &mut Seq, release: Instant) {
     seq.completion_tokens += 1;
-    let now = Instant::now();
     let first = seq
-        .last_token_at
+        .released_until
         .is_none()
-        .then(|| now.saturating_duration_since(seq.job.enqueued_at));
-    let gap = seq.last_token_at.map(|t| now.saturating_duration_since(t));
-    seq.last_token_at = Some(now);
-    seq.first_token_at.get_or_insert(now);
+        .then(|| release.saturating_duration_since(seq.job.enqueued_at));
+    let gap = seq
+        .released_until
+        .map(|t| release.saturating_duration_since(t));
+    seq.released_until = Some(release);
+    seq.first_token_at.get_or_insert(release);
     metrics.record_token(seq.job.class, first, gap);
     metrics.tokens_generated.fetch_add(1, Ordering::Relaxed);
     if seq.job.cancel.reason().is_some() {

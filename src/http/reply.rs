@@ -26,6 +26,11 @@ use std::time::{Duration, Instant};
 /// How often a handler waiting for the engine checks that its client is still
 /// there: well under one engine step on a CPU.
 const PEER_PROBE_INTERVAL: Duration = Duration::from_millis(20);
+/// Most events a choice holds behind a token decoded ahead (`Waiter::next_of`):
+/// the engine decodes a few seconds ahead at most (`engine::ahead`); past
+/// this the channel fills and the engine pauses the sequence, as for a slow
+/// reader.
+const HELD_EVENTS_MAX: usize = 64;
 
 /// A handler's side of one request in the engine: its events (one channel
 /// per choice), its deadline, its client's socket, and the flags that tell
@@ -164,9 +169,9 @@ impl Waiter {
 
     /// Choice `i`'s next event if it is due at `now`, or when its held
     /// token is. While a token is held, what its channel brings is taken
-    /// behind it, so that the engine's channel stays free for the tokens it
-    /// decodes ahead; otherwise one event at a time (a slow reader fills
-    /// the channel and pauses its sequence).
+    /// behind it (up to `HELD_EVENTS_MAX`), so that the engine's channel
+    /// stays free for the tokens it decodes ahead; otherwise one event at a
+    /// time (a slow reader fills the channel and pauses its sequence).
     fn next_of(&self, i: usize, now: Instant) -> Result<Next, ApiError> {
         let mut held = self.held.borrow_mut();
         let held = &mut held[i];
@@ -174,6 +179,7 @@ impl Waiter {
             if let Some(front) = held.front() {
                 match not_before(front).filter(|&at| at > now) {
                     None => return Ok(Next::Event(held.pop_front().expect("a front"))),
+                    Some(at) if held.len() >= HELD_EVENTS_MAX => return Ok(Next::At(at)),
                     Some(at) => match self.rx[i].try_recv() {
                         Ok(Event::Error { kind, message }) => {
                             return Err(self.engine_error(kind, message))
