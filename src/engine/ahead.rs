@@ -29,11 +29,51 @@ pub const CHUNK_MIN_TOKENS: usize = 64;
 /// The chunk's forecast is stretched by this much for the cover it needs,
 /// beyond what the chunks so far ran over theirs (`stretch_after`).
 pub const COVER_STRETCH: f64 = 1.1;
-/// The stretch before any chunk has run: a prompt's first chunk is
-/// forecast at the fresh-prompt cost per token, measured on small chunks
-/// (on the Zen 4's AVX2 build the first 1 s chunk of a ~6,300-token prompt
-/// ran ~1.4x over it).
+/// The stretch before any chunk has run. A prompt's first chunk is
+/// forecast at the fresh-prompt cost per token, measured on small chunks,
+/// its later ones at the prompt's own: the two run over by different
+/// amounts, so each has a stretch of its own (`Stretches`). On the Zen 4's
+/// AVX2 build a ~6,300-token prompt's first 1 s chunk ran ~1.4x over its
+/// forecast, the later ones a few per cent.
 pub const STRETCH_INITIAL: f64 = 1.5;
+
+/// The learned stretches: of a prompt's first large chunk, and of its later
+/// ones.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Stretches {
+    pub first: f64,
+    pub later: f64,
+}
+
+impl Default for Stretches {
+    fn default() -> Stretches {
+        Stretches {
+            first: STRETCH_INITIAL,
+            later: STRETCH_INITIAL,
+        }
+    }
+}
+
+impl Stretches {
+    /// The stretch of a chunk, the first of its prompt or not.
+    pub fn of(&self, first: bool) -> f64 {
+        if first {
+            self.first
+        } else {
+            self.later
+        }
+    }
+
+    /// After such a chunk took `ratio` times its forecast.
+    pub fn after(&mut self, first: bool, ratio: f64) {
+        let s = if first {
+            &mut self.first
+        } else {
+            &mut self.later
+        };
+        *s = stretch_after(*s, ratio);
+    }
+}
 /// The learned stretch at most: one chunk preempted for ten times its
 /// forecast does not make the streams decode ten chunks ahead.
 pub const STRETCH_MAX: f64 = 3.0;
@@ -188,5 +228,28 @@ mod tests {
         assert_eq!(stretch_after(1.0, 0.5), 1.0, "never under 1");
         assert_eq!(stretch_after(1.0, 10.0), STRETCH_MAX);
         assert_eq!(stretch_after(1.2, f64::NAN), 1.2);
+    }
+
+    #[test]
+    fn a_prompts_first_chunk_and_its_later_ones_learn_apart() {
+        let mut s = Stretches::default();
+        assert_eq!(
+            (s.of(true), s.of(false)),
+            (STRETCH_INITIAL, STRETCH_INITIAL)
+        );
+        for _ in 0..30 {
+            s.after(false, 1.05);
+        }
+        assert!((s.of(false) - 1.05).abs() < 0.01, "{s:?}");
+        assert_eq!(
+            s.of(true),
+            STRETCH_INITIAL,
+            "later chunks leave the first's"
+        );
+        s.after(true, 1.4);
+        assert!(s.of(true) < STRETCH_INITIAL);
+        s.after(true, 1.8);
+        assert_eq!(s.of(true), 1.8);
+        assert!((s.of(false) - 1.05).abs() < 0.01);
     }
 }

@@ -174,7 +174,9 @@ impl Engine {
         self.ahead = true;
         let chunk_s = self.cost.predict(0, &[seq.chunk(n)]);
         let now = Instant::now();
-        let needed = ahead::cover_needed_s(chunk_s, self.ahead_stretch, decode_s, pace);
+        let first = !seq.prefill_begun();
+        let stretch = self.ahead_stretch.of(first);
+        let needed = ahead::cover_needed_s(chunk_s, stretch, decode_s, pace);
         let short: Vec<usize> = decoding
             .iter()
             .copied()
@@ -188,7 +190,7 @@ impl Engine {
             self.metrics
                 .steps_ahead_chunk
                 .fetch_add(1, Ordering::Relaxed);
-            self.ahead_forecast = Some(chunk_s);
+            self.ahead_forecast = Some((chunk_s, first));
             vec![planner::Entry {
                 slot,
                 work: Work::Prefill { n_tokens: n },

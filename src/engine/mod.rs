@@ -284,7 +284,7 @@ pub fn run(
         overdue_turn: true,
         ahead: false,
         ahead_forecast: None,
-        ahead_stretch: ahead::STRETCH_INITIAL,
+        ahead_stretch: ahead::Stretches::default(),
         codel: cfg
             .shed
             .map(|s| s.map(|(target, interval)| Codel::new(target, interval))),
@@ -386,10 +386,11 @@ struct Engine {
     /// The streams decode ahead of a long prompt's large chunk: their tokens
     /// go out at the target's pace (`ahead`).
     ahead: bool,
-    /// The forecast of the large chunk this step takes, if it takes one.
-    ahead_forecast: Option<f64>,
-    /// How far large chunks ran over their forecasts (`ahead::stretch_after`).
-    ahead_stretch: f64,
+    /// The forecast of the large chunk this step takes, if it takes one, and
+    /// whether it is its prompt's first.
+    ahead_forecast: Option<(f64, bool)>,
+    /// How far large chunks ran over their forecasts (`ahead::Stretches`).
+    ahead_stretch: ahead::Stretches,
     /// This step keeps the overdue prompts' marks (`take_overdue_turn`);
     /// flips on every step that has one, so they go first every other step.
     overdue_turn: bool,
@@ -526,9 +527,9 @@ impl Engine {
         let chunks: Vec<Chunk> = prefills.iter().map(|&(_, c)| c).collect();
         self.metrics
             .record_step_forecast(self.cost.predict(n_decode, &chunks), took.as_secs_f64());
-        if let Some(forecast) = self.ahead_forecast.take() {
-            self.ahead_stretch =
-                ahead::stretch_after(self.ahead_stretch, took.as_secs_f64() / forecast);
+        if let Some((forecast, first)) = self.ahead_forecast.take() {
+            self.ahead_stretch
+                .after(first, took.as_secs_f64() / forecast);
         }
         let measured = self.cost.observe(n_decode, &chunks, took.as_secs_f64());
         for (&(slot, _), m) in prefills.iter().zip(measured) {
