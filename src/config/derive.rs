@@ -277,6 +277,18 @@ pub(super) fn shed(a: &ServeArgs, queue_wait_ms: u64) -> Option<(Duration, Durat
     ))
 }
 
+/// `--batch-objectives`: its comma-separated names, trimmed, the empty ones
+/// left out.
+pub(super) fn batch_objectives(a: &ServeArgs) -> Vec<String> {
+    a.batch_objectives
+        .as_deref()
+        .unwrap_or("")
+        .split(',')
+        .map(|o| o.trim().to_string())
+        .filter(|o| !o.is_empty())
+        .collect()
+}
+
 /// The name the API reports: `--model-name`, else the file's without `.gguf`.
 pub(super) fn model_name(a: &ServeArgs) -> String {
     a.model_name.clone().unwrap_or_else(|| {

@@ -307,6 +307,7 @@ impl Config {
         let model_name = derive::model_name(&a);
         let calibration_cache = derive::calibration_cache(&a)?;
         let batch = derive::batch(&a, interactive_slots)?;
+        let batch_objectives = derive::batch_objectives(&a);
         Ok(Config {
             batch,
             calibration_cache,
@@ -338,14 +339,7 @@ impl Config {
             client_limit,
             client_table_max: a.client_table_max,
             trusted_proxies,
-            batch_objectives: a
-                .batch_objectives
-                .as_deref()
-                .unwrap_or("")
-                .split(',')
-                .map(|o| o.trim().to_string())
-                .filter(|o| !o.is_empty())
-                .collect(),
+            batch_objectives,
             agent_port: a.agent_port,
             api_keys,
             queue_depth: a.queue_depth,

@@ -47,6 +47,28 @@ impl Engine {
         self.overdue_turn = !self.overdue_turn;
     }
 
+    /// The next step's plan: a long prompt's large chunk or the decode
+    /// tokens that cover it (`ahead_step`), or the planner's ordinary step
+    /// under the budget, without the decode tokens of streams that still
+    /// have tokens decoded ahead to send (`skip_covered`).
+    pub(super) fn next_plan(&mut self, views: &[SeqView]) -> planner::Plan {
+        let (budget, whole) = self.step_budget(views);
+        if let Some(plan) = self.ahead_step(views, whole) {
+            return plan;
+        }
+        self.metrics
+            .step_budget_tokens
+            .store(budget, Ordering::Relaxed);
+        if whole {
+            self.metrics
+                .steps_whole_prompt
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        let mut plan = planner::plan_step(views, budget);
+        self.skip_covered(&mut plan);
+        plan
+    }
+
     /// Tokens the next step may hold: fixed by `--step-tokens`, or the decode
     /// tokens plus the prefill the ITL target leaves room for, or a short
     /// prompt whole (`whole_prompt_budget`; then also true).

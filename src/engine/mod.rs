@@ -308,25 +308,7 @@ pub fn run(
         engine.share_prompts(&mut ctx);
         let mut views = engine.views();
         engine.take_overdue_turn(&mut views);
-        let (budget, whole) = engine.step_budget(&views);
-        let plan = match engine.ahead_step(&views, whole) {
-            Some(plan) => plan,
-            None => {
-                engine
-                    .metrics
-                    .step_budget_tokens
-                    .store(budget, Ordering::Relaxed);
-                if whole {
-                    engine
-                        .metrics
-                        .steps_whole_prompt
-                        .fetch_add(1, Ordering::Relaxed);
-                }
-                let mut plan = planner::plan_step(&views, budget);
-                engine.skip_covered(&mut plan);
-                plan
-            }
-        };
+        let plan = engine.next_plan(&views);
         if plan.is_empty() {
             let active =
                 engine.slots.iter().any(Option::is_some) || engine.held.iter().any(Option::is_some);

@@ -279,6 +279,36 @@ impl Metrics {
             "Prompt tokens of requests whose first token was sampled (prefilled or taken from the prefix cache).",
             l(&self.prompt_tokens),
         );
+        self.render_steps(out);
+        gauge(
+            out,
+            "sluice_sequences_active",
+            "Sequences in the engine.",
+            engine.running as f64,
+        );
+        gauge(
+            out,
+            "sluice_sequences_paused",
+            "Sequences paused because their reader is slow.",
+            g(&self.paused_sequences),
+        );
+        gauge(
+            out,
+            "sluice_kv_cells_used",
+            "KV cells holding tokens of running sequences.",
+            g(&self.kv_cells_used),
+        );
+        gauge(
+            out,
+            "sluice_kv_cells_reserved",
+            "KV cells reserved for admitted sequences (prompt + max_tokens).",
+            engine.kv_cells_reserved as f64,
+        );
+    }
+
+    /// The engine's steps: how many, their tokens, the kinds the planner
+    /// made, the last budget.
+    fn render_steps(&self, out: &mut String) {
         counter(
             out,
             "sluice_steps_total",
@@ -320,30 +350,6 @@ impl Metrics {
             "sluice_step_budget_tokens",
             "Token budget of the last step planned (derived from the ITL target, or --step-tokens).",
             g(&self.step_budget_tokens),
-        );
-        gauge(
-            out,
-            "sluice_sequences_active",
-            "Sequences in the engine.",
-            engine.running as f64,
-        );
-        gauge(
-            out,
-            "sluice_sequences_paused",
-            "Sequences paused because their reader is slow.",
-            g(&self.paused_sequences),
-        );
-        gauge(
-            out,
-            "sluice_kv_cells_used",
-            "KV cells holding tokens of running sequences.",
-            g(&self.kv_cells_used),
-        );
-        gauge(
-            out,
-            "sluice_kv_cells_reserved",
-            "KV cells reserved for admitted sequences (prompt + max_tokens).",
-            engine.kv_cells_reserved as f64,
         );
     }
 
