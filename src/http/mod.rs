@@ -19,6 +19,7 @@ mod embeddings;
 pub mod error;
 mod fields;
 mod guard;
+mod hold;
 mod intake;
 pub mod openai;
 mod output;

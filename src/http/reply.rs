@@ -5,6 +5,7 @@
 //! tagged with its choice's index.
 
 use super::error::ApiError;
+use super::hold::{Failed, Hold, Next};
 use super::openai::Meta;
 use super::tools::{self, Answer, AnswerDelta, AnswerStream};
 use super::validation::{Api, ValidRequest};
@@ -16,9 +17,8 @@ use crate::priority::Class;
 use crate::stream::{
     CancelFlag, CancelReason, ErrorKind, Event, FinishReason, TokenLogprob, Usage,
 };
-use crossbeam_channel::{Receiver, TryRecvError};
+use crossbeam_channel::Receiver;
 use serde_json::Value;
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,11 +26,6 @@ use std::time::{Duration, Instant};
 /// How often a handler waiting for the engine checks that its client is still
 /// there: well under one engine step on a CPU.
 const PEER_PROBE_INTERVAL: Duration = Duration::from_millis(20);
-/// Most events a choice holds behind a token decoded ahead (`Waiter::next_of`):
-/// the engine decodes a few seconds ahead at most (`engine::ahead`); past
-/// this the channel fills and the engine pauses the sequence, as for a slow
-/// reader.
-const HELD_EVENTS_MAX: usize = 64;
 
 /// A handler's side of one request in the engine: its events (one channel
 /// per choice), its deadline, its client's socket, and the flags that tell
@@ -52,12 +47,9 @@ pub(super) struct Waiter {
     pub(super) queue: Arc<QueueGauge>,
     /// `--sse-keep-alive-ms`.
     pub(super) keep_alive: Duration,
-    /// Streaming: a token decoded ahead of its pace is held until its
-    /// `not_before` (a JSON reply waits for the whole answer anyway).
-    pub(super) paced: bool,
-    /// Per choice, the events taken from its channel behind a token held
-    /// until its time, in order.
-    held: std::cell::RefCell<Vec<VecDeque<Event>>>,
+    /// Per choice, the events taken from its channel behind a token decoded
+    /// ahead and held until its time (streaming only, `hold`).
+    held: std::cell::RefCell<Hold>,
 }
 
 impl Waiter {
@@ -86,9 +78,14 @@ impl Waiter {
             metrics: Arc::clone(&state.metrics),
             class,
             queue: Arc::clone(&state.queue),
-            paced: false,
-            held: std::cell::RefCell::new(vec![VecDeque::new(); n]),
+            held: std::cell::RefCell::new(Hold::new(n, false)),
         }
+    }
+
+    /// Streaming: a token decoded ahead of its pace is held until its
+    /// `not_before` (a JSON reply waits for the whole answer anyway).
+    pub(super) fn set_paced(&mut self, paced: bool) {
+        self.held.get_mut().set_paced(paced);
     }
 
     /// The engine's step count, stamped on a cancel.
@@ -168,40 +165,15 @@ impl Waiter {
     }
 
     /// Choice `i`'s next event if it is due at `now`, or when its held
-    /// token is. While a token is held, what its channel brings is taken
-    /// behind it (up to `HELD_EVENTS_MAX`), so that the engine's channel
-    /// stays free for the tokens it decodes ahead; otherwise one event at a
-    /// time (a slow reader fills the channel and pauses its sequence).
+    /// token is (`Hold::next_of`); a failure as the client's error.
     fn next_of(&self, i: usize, now: Instant) -> Result<Next, ApiError> {
-        let mut held = self.held.borrow_mut();
-        let held = &mut held[i];
-        loop {
-            if let Some(front) = held.front() {
-                match not_before(front).filter(|&at| at > now) {
-                    None => return Ok(Next::Event(held.pop_front().expect("a front"))),
-                    Some(at) if held.len() >= HELD_EVENTS_MAX => return Ok(Next::At(at)),
-                    Some(at) => match self.rx[i].try_recv() {
-                        Ok(Event::Error { kind, message }) => {
-                            return Err(self.engine_error(kind, message))
-                        }
-                        Ok(event) => held.push_back(event),
-                        // A closed channel is read once the held events are.
-                        Err(_) => return Ok(Next::At(at)),
-                    },
-                }
-                continue;
-            }
-            return match self.rx[i].try_recv() {
-                Ok(Event::Error { kind, message }) => Err(self.engine_error(kind, message)),
-                Ok(event) if self.paced && not_before(&event).is_some_and(|at| at > now) => {
-                    held.push_back(event);
-                    continue;
-                }
-                Ok(event) => Ok(Next::Event(event)),
-                Err(TryRecvError::Empty) => Ok(Next::Nothing),
-                Err(TryRecvError::Disconnected) => Err(self.stopped()),
-            };
-        }
+        self.held
+            .borrow_mut()
+            .next_of(i, &self.rx[i], now)
+            .map_err(|failed| match failed {
+                Failed::Error { kind, message } => self.engine_error(kind, message),
+                Failed::Closed => self.stopped(),
+            })
     }
 
     /// The error for a channel the engine let go of before its `End`.
@@ -251,22 +223,6 @@ impl Waiter {
             ErrorKind::DeadlineExceeded => ApiError::DeadlineExceeded { message },
             ErrorKind::Shutdown => ApiError::ShuttingDown,
         }
-    }
-}
-
-/// What one choice has for its reply now (`Waiter::next_of`).
-enum Next {
-    Event(Event),
-    /// A token held until then.
-    At(Instant),
-    Nothing,
-}
-
-/// When a token decoded ahead may go out.
-fn not_before(event: &Event) -> Option<Instant> {
-    match event {
-        Event::Token { not_before, .. } => *not_before,
-        _ => None,
     }
 }
 

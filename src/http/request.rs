@@ -74,7 +74,7 @@ pub(super) fn generate(state: &AppState, req: Request, api: Api) {
         include_usage: valid.include_usage,
     };
     let mut waiter = intake.waiter(&ask, rxs, cancels);
-    waiter.paced = valid.stream;
+    waiter.set_paced(valid.stream);
     let mut outcome = reply::reply(req, &meta, &valid, echo_text, &waiter);
     // The prompt was charged and taken; the tokens not generated go back,
     // and so does the difference between the cached tokens expected and
