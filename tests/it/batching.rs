@@ -444,11 +444,16 @@ fn a_short_stream_keeps_receiving_tokens_while_a_long_prompt_is_prefilled() {
 fn a_prompt_alone_takes_whole_chunks_and_beside_a_stream_only_what_the_itl_target_allows() {
     // A 20 ms target: no CPU prefills 500 tokens in 16 ms, so beside a running
     // stream the derived budget must be far below the 512-token ceiling.
-    // (No prompt taken whole beside the stream: `--itl-max-ms 0`.)
+    // (No prompt taken whole beside the stream: `--itl-max-ms 0`; none in
+    // large chunks alone with the stream decoded ahead: `--decode-ahead-ms
+    // 0`, which a box that decodes a token in under half the 20 ms target
+    // would otherwise do, leaving no mixed step to count.)
     let srv = Server::start(&[
         "--itl-target-ms",
         "20",
         "--itl-max-ms",
+        "0",
+        "--decode-ahead-ms",
         "0",
         "--parallel",
         "2",
