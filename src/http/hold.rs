@@ -42,10 +42,10 @@ pub(super) enum Failed {
 }
 
 impl Hold {
-    /// For `n` choices; `paced` when the reply streams.
-    pub(super) fn new(n: usize, paced: bool) -> Hold {
+    /// For `n` choices, holding nothing until `set_paced`.
+    pub(super) fn new(n: usize) -> Hold {
         Hold {
-            paced,
+            paced: false,
             held: vec![VecDeque::new(); n],
         }
     }
@@ -121,6 +121,13 @@ mod tests {
         }
     }
 
+    /// A streaming reply's hold for `n` choices.
+    fn paced(n: usize) -> Hold {
+        let mut hold = Hold::new(n);
+        hold.set_paced(true);
+        hold
+    }
+
     fn end() -> Event {
         Event::End {
             finish: FinishReason::Length,
@@ -140,7 +147,7 @@ mod tests {
     fn a_token_due_or_unstamped_goes_at_once() {
         let (tx, rx) = bounded(8);
         let now = Instant::now();
-        let mut hold = Hold::new(1, true);
+        let mut hold = paced(1);
         tx.send(token(1, None)).unwrap();
         tx.send(token(2, Some(now))).unwrap();
         tx.send(token(3, Some(now - Duration::from_millis(5))))
@@ -159,7 +166,7 @@ mod tests {
             now + Duration::from_millis(150),
             now + Duration::from_millis(300),
         );
-        let mut hold = Hold::new(1, true);
+        let mut hold = paced(1);
         for event in [token(1, Some(a)), token(2, Some(b)), token(3, None), end()] {
             tx.send(event).unwrap();
         }
@@ -187,7 +194,7 @@ mod tests {
     fn a_json_reply_holds_nothing() {
         let (tx, rx) = bounded(8);
         let now = Instant::now();
-        let mut hold = Hold::new(1, false);
+        let mut hold = Hold::new(1);
         tx.send(token(1, Some(now + Duration::from_secs(60))))
             .unwrap();
         assert_eq!(token_of(hold.next_of(0, &rx, now)), 1);
@@ -199,7 +206,7 @@ mod tests {
         let (tx, rx) = bounded(n);
         let now = Instant::now();
         let later = now + Duration::from_secs(1);
-        let mut hold = Hold::new(1, true);
+        let mut hold = paced(1);
         for t in 0..n as i32 {
             tx.send(token(t, Some(later))).unwrap();
         }
@@ -215,7 +222,7 @@ mod tests {
     fn an_error_behind_a_held_token_fails_the_choice_at_once() {
         let (tx, rx) = bounded(8);
         let now = Instant::now();
-        let mut hold = Hold::new(1, true);
+        let mut hold = paced(1);
         tx.send(token(1, Some(now + Duration::from_secs(1))))
             .unwrap();
         tx.send(Event::Error {
@@ -237,7 +244,7 @@ mod tests {
         let (tx0, rx0) = bounded(8);
         let (tx1, rx1) = bounded(8);
         let now = Instant::now();
-        let mut hold = Hold::new(2, true);
+        let mut hold = paced(2);
         tx0.send(token(1, Some(now + Duration::from_secs(1))))
             .unwrap();
         tx1.send(token(2, None)).unwrap();

@@ -78,7 +78,7 @@ impl Waiter {
             metrics: Arc::clone(&state.metrics),
             class,
             queue: Arc::clone(&state.queue),
-            held: std::cell::RefCell::new(Hold::new(n, false)),
+            held: std::cell::RefCell::new(Hold::new(n)),
         }
     }
 
