@@ -27,8 +27,17 @@ pub const CHUNK_GAIN_MIN: usize = 4;
 /// pass.
 pub const CHUNK_MIN_TOKENS: usize = 64;
 /// The chunk's forecast is stretched by this much for the cover it needs,
-/// beyond what the chunks so far ran over theirs (`stretch_after`).
-pub const COVER_STRETCH: f64 = 1.1;
+/// beyond what the chunks so far ran over theirs (`stretch_after`). Chunks
+/// run over by different amounts from one to the next: five runs of the
+/// ~6,300-token prompt beside two chats on the Zen 4's native build, 232
+/// chunks, took a median 1.04-1.07 times their forecast, but 1.1-1.44 times
+/// in 58 of them, a large one also after chunks that had brought the
+/// learned stretch down to 1.03 (one gap of 432 ms at 1.1). Replayed on
+/// those chunks, 1.1 leaves a worst gap of 463 ms, 1.3 259 ms, 1.4 156 ms.
+/// The cover costs no compute (the tokens decoded ahead are the streams'
+/// next ones); a stream only sends them later, at the pace, after the
+/// prompt: by this share more.
+pub const COVER_STRETCH: f64 = 1.4;
 /// The stretch before any chunk has run. A prompt's first chunk is
 /// forecast at the fresh-prompt cost per token, measured on small chunks,
 /// its later ones at the prompt's own: the two run over by different
@@ -213,11 +222,11 @@ mod tests {
 
     #[test]
     fn a_chunk_needs_the_cover_of_its_stretched_forecast_less_one_pace() {
-        // A 1 s chunk, 20 ms of decode after it, a 120 ms pace: 1.1 + 0.02
-        // - 0.12 = 1.0 s of cover.
-        assert!((cover_needed_s(1.0, 1.0, 0.02, 0.12) - 1.0).abs() < 1e-9);
-        // Chunks ran 20 % over: 1.32 + 0.02 - 0.12 = 1.22 s.
-        assert!((cover_needed_s(1.0, 1.2, 0.02, 0.12) - 1.22).abs() < 1e-9);
+        // A 1 s chunk, 20 ms of decode after it, a 120 ms pace: 1.4 + 0.02
+        // - 0.12 = 1.3 s of cover.
+        assert!((cover_needed_s(1.0, 1.0, 0.02, 0.12) - 1.3).abs() < 1e-9);
+        // Chunks ran 20 % over: 1.68 + 0.02 - 0.12 = 1.58 s.
+        assert!((cover_needed_s(1.0, 1.2, 0.02, 0.12) - 1.58).abs() < 1e-9);
     }
 
     #[test]
