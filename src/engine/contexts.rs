@@ -264,6 +264,20 @@ impl Contexts {
     pub fn sequence_pos_max(&self, seq: i32) -> i32 {
         self.ctxs[self.home(seq as usize)].sequence_pos_max(seq)
     }
+
+    /// The next position of `seq`'s stream in context `home`, whether or not
+    /// the sequence lives there (a stream it left is empty: 0), while that
+    /// stream has a cell free for it; `None` when it has none.
+    pub fn next_pos_in(&self, home: usize, seq: i32) -> Option<i32> {
+        let ctx = &self.ctxs[home];
+        let next = ctx.sequence_pos_max(seq) + 1;
+        ((next as usize) < ctx.n_ctx_seq()).then_some(next)
+    }
+
+    /// Frees the cells of `seq` at positions `from..` in context `home`.
+    pub fn truncate_in(&mut self, home: usize, seq: i32, from: i32) {
+        self.ctxs[home].truncate_sequence(seq, from);
+    }
 }
 
 #[cfg(test)]

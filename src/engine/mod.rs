@@ -65,6 +65,9 @@ const RATES_PUBLISH_INTERVAL_MS: u64 = 100;
 /// row of n_vocab floats for each (~12 MB for 64 tokens of a 49k
 /// vocabulary), and keeps the largest it was asked for.
 const EMBED_PASS_TOKENS_MAX: usize = 64;
+/// The token of a filler (`passes::gap_ids`): any will do, its cell is
+/// freed after its pass and nothing reads its output.
+const FILLER_TOKEN: Token = 0;
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     pub parallel: usize,
@@ -527,18 +530,29 @@ impl Engine {
     }
 
     /// Puts `entries` in the batch: each one's (slot, first batch index,
-    /// tokens), and what the pass counts for the attention pairing's choice.
-    fn fill_batch(&mut self, entries: &[&planner::Entry]) -> (Vec<Placed>, served::PassCount) {
+    /// tokens), and what the pass counts for the attention pairing's choice;
+    /// and a token of no output for each of `fillers` (id, position:
+    /// `passes::gap_ids`) in its place among them.
+    fn fill_batch(
+        &mut self,
+        entries: &[&planner::Entry],
+        fillers: &[(usize, i32)],
+    ) -> (Vec<Placed>, served::PassCount) {
         self.batch.clear();
         let mut placed: Vec<Placed> = Vec::with_capacity(entries.len());
         // llama.cpp takes the sequences of one pass over the weights in
-        // consecutive ids: in order, as few passes as the ids allow.
+        // consecutive ids, and in the batch's order: in order, as few passes
+        // as the ids allow.
         let mut entries = entries.to_vec();
         entries.sort_by_key(|e| e.slot);
+        let mut fillers = fillers.iter().peekable();
         let mut embed_quota = EMBED_PASS_TOKENS_MAX;
         // For the attention pairing's choice at the next start (`served`).
         let mut count = served::PassCount::default();
         for entry in entries {
+            while let Some(&(id, pos)) = fillers.next_if(|&&(id, _)| id < entry.slot) {
+                self.batch.push(FILLER_TOKEN, pos, id as i32, false);
+            }
             let seq_id = entry.slot as i32;
             let seq = self.slots[entry.slot]
                 .as_mut()
@@ -594,7 +608,54 @@ impl Engine {
         entries: &[&planner::Entry],
     ) -> Option<(Vec<Placed>, Duration)> {
         let started = Instant::now();
-        let (placed, count) = self.fill_batch(entries);
+        let home = entries.first().map_or(contexts::MAIN, |e| ctx.home(e.slot));
+        // Per sequence, a token in each id missing among the pass's, so that
+        // it is one pass over the weights: where that id's stream has a cell
+        // free no deeper than the pass attends anyway.
+        let fillers: Vec<(usize, i32)> = if self.cfg.kv_layout == KvLayout::PerSequence
+            && !entries.iter().any(|e| {
+                self.slots[e.slot]
+                    .as_ref()
+                    .is_some_and(|s| s.job.embed().is_some())
+            }) {
+            let deepest = entries
+                .iter()
+                .filter_map(|e| {
+                    let seq = self.slots[e.slot].as_ref()?;
+                    let last = match e.work {
+                        Work::Decode => 0,
+                        Work::Prefill { n_tokens } => n_tokens.saturating_sub(1),
+                    };
+                    Some(seq.n_past + last)
+                })
+                .max()
+                .unwrap_or(0);
+            passes::gap_ids(entries.iter().map(|e| e.slot))
+                .into_iter()
+                .filter_map(|id| Some((id, ctx.next_pos_in(home, id as i32)?)))
+                .filter(|&(_, pos)| passes::filler_fits(pos as usize, deepest))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let (placed, count) = self.fill_batch(entries, &fillers);
+        let decoded = self.decode_placed(ctx, home, placed, count, &fillers);
+        for &(id, pos) in &fillers {
+            ctx.truncate_in(home, id as i32, pos);
+        }
+        decoded.map(|placed| (placed, started.elapsed()))
+    }
+
+    /// Decodes the batch `fill_batch` made of `placed` (and `fillers`) in
+    /// context `home`; `None` when it failed or was aborted.
+    fn decode_placed(
+        &mut self,
+        ctx: &mut Contexts,
+        home: usize,
+        placed: Vec<Placed>,
+        count: served::PassCount,
+        fillers: &[(usize, i32)],
+    ) -> Option<Vec<Placed>> {
         // A pass whose every sequence is cancelled meanwhile stops mid-way.
         let watch: Vec<_> = placed
             .iter()
@@ -603,16 +664,21 @@ impl Engine {
             .collect();
         self.metrics.passes.fetch_add(1, Ordering::Relaxed);
         if self.cfg.kv_layout == KvLayout::PerSequence {
-            let runs = passes::id_runs(placed.iter().map(|&(slot, _, _)| slot));
+            let runs = passes::id_runs(
+                placed
+                    .iter()
+                    .map(|&(slot, _, _)| slot)
+                    .chain(fillers.iter().map(|&(id, _)| id)),
+            );
             let split = runs.saturating_sub(1) as u64;
             self.metrics
                 .passes_split
                 .fetch_add(split, Ordering::Relaxed);
+            self.metrics
+                .pass_fillers
+                .fetch_add(fillers.len() as u64, Ordering::Relaxed);
         }
         let reused_before = ctx.graphs_reused();
-        let home = placed
-            .first()
-            .map_or(contexts::MAIN, |&(slot, _, _)| ctx.home(slot));
         debug_assert!(
             placed.iter().all(|&(slot, _, _)| ctx.home(slot) == home),
             "a pass's sequences live in one context"
@@ -651,7 +717,7 @@ impl Engine {
             ctx.graphs_reused().saturating_sub(reused_before),
             Ordering::Relaxed,
         );
-        Some((placed, started.elapsed()))
+        Some(placed)
     }
 
     fn publish_gauges(&self) {

@@ -189,6 +189,9 @@ pub struct Metrics {
     /// sequences' ids were not consecutive (per-sequence KV, llama.cpp makes
     /// one micro-batch per run of consecutive ids).
     pub passes_split: AtomicU64,
+    /// Tokens put in the ids missing among a pass's so that its ids are
+    /// consecutive (`engine::passes::gap_ids`), each freed after its pass.
+    pub pass_fillers: AtomicU64,
     /// Graph computations of `passes` (a pass computes one per llama.cpp
     /// micro-batch) that reused the previous one's compute graph.
     pub graphs_reused: AtomicU64,
@@ -272,6 +275,7 @@ impl Default for Metrics {
             steps: AtomicU64::new(0),
             passes: AtomicU64::new(0),
             passes_split: AtomicU64::new(0),
+            pass_fillers: AtomicU64::new(0),
             graphs_reused: AtomicU64::new(0),
             step_tokens: AtomicU64::new(0),
             steps_mixed: AtomicU64::new(0),

@@ -236,6 +236,12 @@ impl Metrics {
         );
         counter(
             out,
+            "sluice_pass_fillers_total",
+            "Tokens put in the sequence ids missing among a pass's (a stream that ended in a middle slot), so that llama.cpp makes one pass over the weights, not one per run of consecutive ids; each cell is freed after its pass and nothing reads its output.",
+            l(&self.pass_fillers),
+        );
+        counter(
+            out,
             "sluice_graphs_reused_total",
             "Graph computations of the llama_decode passes (one per micro-batch) that reused the previous one's compute graph instead of building it again (same tokens, sequences, outputs and attention span).",
             l(&self.graphs_reused),

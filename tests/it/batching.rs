@@ -732,8 +732,72 @@ fn a_request_takes_the_free_slot_that_keeps_the_streams_in_one_pass() {
         0.0,
         "two streams decoding together in two passes a step"
     );
+    // Not one pass by a filler in a gap either: slot 0 would leave one.
+    assert_eq!(srv.metric("sluice_pass_fillers_total"), 0.0);
     end(c, 1.0);
     end(d, 0.0);
+}
+
+/// A stream in the middle slot that ends while the streams beside it run on
+/// leaves a gap in their ids: each of their passes then takes a filler token
+/// in the missing id's stream, freed after the pass, and stays one pass over
+/// the weights; the stream beside it gets the same text as alone.
+#[test]
+fn a_stream_ending_in_a_middle_slot_leaves_a_filler_not_a_second_pass() {
+    let srv = Server::start(&["--parallel", "4", "--short-cells", "0"]);
+    let text_of = |v: &Value| v["choices"][0]["text"].as_str().unwrap_or("").to_string();
+    let body = json!({"prompt": "Charlie: explain how a steam engine works.",
+                      "max_tokens": 300, "ignore_eos": true, "temperature": 0});
+    let alone = text_of(&srv.post_ok("/v1/completions", &body));
+    // Its cells, parked in slot 0, are put away once the engine is idle: then
+    // the streams take slots 0, 1 and 2 in turn.
+    wait_until(
+        Duration::from_secs(120),
+        "the parked sequence saved",
+        || srv.metric("sluice_prefix_cache_parked_tokens") == 0.0,
+    );
+    let split = || srv.metric("sluice_passes_split_total");
+    let fillers = || srv.metric("sluice_pass_fillers_total");
+    let active = || srv.metric("sluice_sequences_active");
+    let start = |prompt: &str| {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (handle, received) = background_stream_of(srv.addr, prompt, 2000, Arc::clone(&stop));
+        wait_until(Duration::from_secs(120), "the stream to decode", || {
+            received.load(Ordering::Relaxed) >= 2
+        });
+        (handle, stop)
+    };
+    // Slots 0, 1 and 2.
+    let (a, stop_a) = start("Alpha: write a story about a lighthouse keeper.");
+    let (b, stop_b) = start("Bravo: list every country in Europe.");
+    let mut stream_body = body.clone();
+    stream_body["stream"] = json!(true);
+    let mut c = Sse::open(srv.addr, "/v1/completions", &stream_body);
+    assert_eq!(c.status, 200);
+    let mut text = text_of(&c.next_json().expect("the third stream's first token"));
+    assert_eq!(active(), 3.0);
+    assert_eq!(
+        (split(), fillers()),
+        (0.0, 0.0),
+        "slots 0, 1 and 2 in one pass"
+    );
+    // Slot 1 ends: slots 0 and 2 decode on (300 tokens take 300 steps).
+    stop_b.store(true, Ordering::Relaxed);
+    b.join().expect("background stream");
+    wait_until(Duration::from_secs(120), "the middle stream to end", || {
+        active() == 2.0
+    });
+    while let Some(v) = c.next_json() {
+        text.push_str(&text_of(&v));
+        if !v["choices"][0]["finish_reason"].is_null() {
+            break;
+        }
+    }
+    assert!(fillers() > 0.0, "no filler in the gap at slot 1");
+    assert_eq!(split(), 0.0, "slots 0 and 2 in two passes a step");
+    assert_eq!(text, alone, "the stream beside the filler");
+    stop_a.store(true, Ordering::Relaxed);
+    a.join().expect("background stream");
 }
 
 /// With `--decode-ahead-ms`, a long prompt beside a stream goes in large
