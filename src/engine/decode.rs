@@ -85,41 +85,47 @@ impl Engine {
     ) -> Option<(Vec<Placed>, Duration)> {
         let started = Instant::now();
         let home = entries.first().map_or(contexts::MAIN, |e| ctx.home(e.slot));
-        // Per sequence, a token in each id missing among the pass's, so that
-        // it is one pass over the weights: where that id's stream has a cell
-        // free no deeper than the pass attends anyway.
-        let fillers: Vec<(usize, i32)> = if self.cfg.kv_layout == KvLayout::PerSequence
-            && !entries.iter().any(|e| {
-                self.slots[e.slot]
-                    .as_ref()
-                    .is_some_and(|s| s.job.embed().is_some())
-            }) {
-            let deepest = entries
-                .iter()
-                .filter_map(|e| {
-                    let seq = self.slots[e.slot].as_ref()?;
-                    let last = match e.work {
-                        Work::Decode => 0,
-                        Work::Prefill { n_tokens } => n_tokens.saturating_sub(1),
-                    };
-                    Some(seq.n_past + last)
-                })
-                .max()
-                .unwrap_or(0);
-            passes::gap_ids(entries.iter().map(|e| e.slot))
-                .into_iter()
-                .filter_map(|id| Some((id, ctx.next_pos_in(home, id as i32)?)))
-                .filter(|&(_, pos)| passes::filler_fits(pos as usize, deepest))
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let fillers = self.fillers(ctx, home, entries);
         let (placed, count) = self.fill_batch(entries, &fillers);
         let decoded = self.decode_placed(ctx, home, placed, count, &fillers);
         for &(id, pos) in &fillers {
             ctx.truncate_in(home, id as i32, pos);
         }
         decoded.map(|placed| (placed, started.elapsed()))
+    }
+
+    /// Per sequence, a token in each id missing among the pass's
+    /// (`passes::gap_ids`), so that it is one pass over the weights: where
+    /// that id's stream has a cell free no deeper than the pass attends
+    /// anyway. An embedding pass (its own, `passes::passes`) takes none.
+    fn fillers(
+        &self,
+        ctx: &Contexts,
+        home: usize,
+        entries: &[&planner::Entry],
+    ) -> Vec<(usize, i32)> {
+        let seqs = || {
+            entries
+                .iter()
+                .filter_map(|e| Some((e, self.slots[e.slot].as_ref()?)))
+        };
+        if self.cfg.kv_layout != KvLayout::PerSequence
+            || seqs().any(|(_, s)| s.job.embed().is_some())
+        {
+            return Vec::new();
+        }
+        let deepest = seqs()
+            .map(|(e, s)| match e.work {
+                Work::Decode => s.n_past,
+                Work::Prefill { n_tokens } => s.n_past + n_tokens.saturating_sub(1),
+            })
+            .max()
+            .unwrap_or(0);
+        passes::gap_ids(entries.iter().map(|e| e.slot))
+            .into_iter()
+            .filter_map(|id| Some((id, ctx.next_pos_in(home, id as i32)?)))
+            .filter(|&(_, pos)| passes::filler_fits(pos as usize, deepest))
+            .collect()
     }
 
     /// Decodes the batch `fill_batch` made of `placed` (and `fillers`) in
